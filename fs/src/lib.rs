@@ -1,0 +1,1 @@
+//! The stagefs filesystem core.

@@ -1,0 +1,1 @@
+//! Scratch cache and prefetch.

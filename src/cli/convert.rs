@@ -1,0 +1,89 @@
+//! `stagefs convert`: the offline conversions. `--to npy` writes the tensor views as real files
+//! (see `convert_npy`); `--to parquet` is the table-cleaning job (see `convert_parquet`).
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+/// Output format of `stagefs convert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// The mount's `.npy/` tensor views, written as real files (byte-identical).
+    Npy,
+    /// Cleaned tables (dropna, filters, standardize) written as Parquet.
+    Parquet,
+}
+
+/// Arguments of `stagefs convert`.
+#[derive(clap::Args, Debug)]
+#[command(after_long_help = "Examples:\n  \
+    stagefs convert /bigdata/raw /bigdata/npy --to npy --image-size 224\n  \
+    stagefs convert '/bigdata/raw/*.csv' /bigdata/clean --to parquet --dropna \\\n      \
+    --filter 'value > 0' --standardize numeric")]
+pub struct Args {
+    /// Inputs (a directory, files or quoted globs), then the output directory last.
+    #[arg(required = true, num_args = 2.., value_name = "SRC... OUT")]
+    pub paths: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum)]
+    pub to: Target,
+    /// Image views: side S of the S×S crops (shorter side resized to S, then center crop).
+    #[arg(long, default_value_t = 224)]
+    pub image_size: u32,
+    /// Image views: write outputs even if some inputs are corrupt (their slots are zeros).
+    #[arg(long)]
+    pub allow_bad: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 'j')]
+    pub jobs: Option<usize>,
+    /// Parquet: drop rows with a null/NaN in any (selected) column. Order-sensitive step.
+    #[arg(long)]
+    pub dropna: bool,
+    /// Parquet: keep rows where `COL OP VALUE` holds (OP: > >= < <= == !=). Repeatable.
+    #[arg(long = "filter", value_name = "'COL OP VALUE'")]
+    pub filters: Vec<String>,
+    /// Parquet: standardize `(x - mean) / std` (ddof=1): `numeric` or a list `COL,COL`.
+    #[arg(long)]
+    pub standardize: Option<String>,
+    /// Parquet: keep only these columns (comma-separated), in this order.
+    #[arg(long, value_delimiter = ',')]
+    pub columns: Vec<String>,
+    /// Parquet: compression codec of the output.
+    #[arg(long, default_value = "zstd")]
+    pub compression: String,
+    /// Process only shard I of N (0-based) of the input files, for SLURM job arrays.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
+    /// Parquet: only compute statistics for this shard and write them to OUT/_stats.shard-I.json.
+    #[arg(long)]
+    pub stats_only: bool,
+    /// Parquet: merge OUT/_stats.shard-*.json into OUT/_stats.json (after a --stats-only array).
+    #[arg(long)]
+    pub merge_stats: bool,
+    /// Parquet: what to do with malformed CSV rows.
+    #[arg(long, default_value = "error", value_parser = ["skip", "error"])]
+    pub bad_rows: String,
+    /// Parquet: memory budget in bytes for buffered rows (default 1 GiB).
+    #[arg(long, default_value_t = 1 << 30)]
+    pub memory_budget: u64,
+    /// Hide the progress bar.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+impl Args {
+    /// The inputs (all paths but the last) and the output directory (the last path).
+    pub fn inputs_and_out(&self) -> (&[String], PathBuf) {
+        let (out, inputs) = self.paths.split_last().expect("clap requires two paths");
+        (inputs, PathBuf::from(out))
+    }
+}
+
+/// Runs `stagefs convert`; returns the process exit code.
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    super::logging::init("warn");
+    match args.to {
+        Target::Npy => super::convert_npy::run(&args),
+        Target::Parquet => super::convert_parquet::run(&args),
+    }
+}

@@ -1,0 +1,6 @@
+//! `stagefs convert --to npy`.
+
+/// Runs the conversion; returns the process exit code.
+pub fn run(_args: &super::convert::Args) -> anyhow::Result<i32> {
+    anyhow::bail!("stagefs convert --to npy is not available in this build yet")
+}
