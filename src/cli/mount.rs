@@ -1,19 +1,455 @@
 //! `stagefs mount` and `stagefs umount`.
+//!
+//! Without `--foreground`, `mount` starts itself again as a daemon (new session, output to
+//! `CACHE/stagefs.log`) and waits on a pipe until the daemon reports the mount usable or fails;
+//! so a script can use the mount on the very next line, and errors reach the terminal.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{BufRead, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use stagefs_fs::mount::{mount, MountOptions};
+use stagefs_fs::{FsConfig, FsCore};
+use stagefs_prefetch::FetchConfig;
 
 /// Arguments of `stagefs mount`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+#[command(after_long_help = "Example (in a SLURM job):\n  \
+    stagefs mount /bigdata/imagenet $SLURM_TMPDIR/data --cache $SLURM_TMPDIR/cache --cache-size 300G\n  \
+    python train.py --data $SLURM_TMPDIR/data      # reads start at once, epoch 2 comes from scratch\n  \
+    stagefs stat $SLURM_TMPDIR/data                 # is the job waiting on storage?\n  \
+    stagefs umount $SLURM_TMPDIR/data")]
+pub struct Args {
+    /// The dataset directory on shared storage (read-only access is enough).
+    pub source: PathBuf,
+    /// An existing empty directory where the dataset appears.
+    pub mountpoint: PathBuf,
+    /// Cache directory on node-local scratch (created if missing; reused by later mounts).
+    #[arg(long)]
+    pub cache: PathBuf,
+    /// Cache capacity: bytes or with a suffix K, M, G, T (powers of 1024). Default: 90% of the
+    /// free space on the cache's filesystem.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Side S of images in `.npy/` views (shorter side resized to S, center crop S×S).
+    #[arg(long, default_value_t = 224)]
+    pub image_size: u32,
+    /// Make reads of a view fail with EIO when an input image is corrupt (default: zeros).
+    #[arg(long)]
+    pub strict_views: bool,
+    /// Do not stage the whole tree in the background, even if it fits.
+    #[arg(long)]
+    pub no_staging: bool,
+    /// Do not use kernel FUSE passthrough for fully cached files.
+    #[arg(long)]
+    pub no_passthrough: bool,
+    /// Threads fetching from the source ahead of readers.
+    #[arg(long, default_value_t = 8)]
+    pub fetch_threads: usize,
+    /// FUSE request threads.
+    #[arg(long, default_value_t = 8)]
+    pub fuse_threads: usize,
+    /// Let other users read the mount (needs `user_allow_other` in /etc/fuse.conf unless root).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Stay in the foreground (logs to stderr) instead of daemonizing.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// Internal: descriptor on which to report readiness to the parent.
+    #[arg(long, hide = true)]
+    pub ready_fd: Option<i32>,
+}
 
 /// Arguments of `stagefs umount`.
 #[derive(clap::Args, Debug)]
-pub struct UmountArgs {}
-
-/// Runs `stagefs mount`.
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet")
+pub struct UmountArgs {
+    /// The mountpoint to unmount.
+    pub mountpoint: PathBuf,
+    /// Detach even if busy (lazy unmount): the mount goes away when its last user closes.
+    #[arg(long, short = 'l')]
+    pub lazy: bool,
 }
 
-/// Runs `stagefs umount`.
-pub fn umount(_args: UmountArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet")
+/// Parses `123`, `64K`, `10M`, `1.5G`, `2T` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                'B' => 1,
+                _ => return Err(format!("unknown size suffix {c:?} (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 500G)"))?;
+    if !(n >= 0.0) {
+        return Err(format!("{s:?} is not a size"));
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    let src = fs::metadata(&args.source).with_context(|| {
+        format!(
+            "source {} is not accessible (does it exist? is shared storage mounted?)",
+            args.source.display()
+        )
+    })?;
+    if !src.is_dir() {
+        bail!("source {} is not a directory", args.source.display());
+    }
+    match fs::metadata(&args.mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "{} is a stale mount (its daemon died): run `stagefs umount {}` first",
+            args.mountpoint.display(),
+            args.mountpoint.display()
+        ),
+        Err(e) => bail!(
+            "mountpoint {}: {e} (create it first: mkdir -p {})",
+            args.mountpoint.display(),
+            args.mountpoint.display()
+        ),
+        Ok(m) if !m.is_dir() => bail!(
+            "mountpoint {} is not a directory",
+            args.mountpoint.display()
+        ),
+        Ok(_) => {}
+    }
+    if is_mountpoint(&args.mountpoint) {
+        bail!(
+            "{} is already a mountpoint: unmount it first (stagefs umount {})",
+            args.mountpoint.display(),
+            args.mountpoint.display()
+        );
+    }
+    fs::create_dir_all(&args.cache)
+        .with_context(|| format!("cannot create cache directory {}", args.cache.display()))?;
+    let probe = args.cache.join(".stagefs-write-test");
+    fs::write(&probe, b"").and_then(|_| fs::remove_file(&probe)).with_context(|| {
+        format!("cache directory {} is not writable (choose a directory on node-local scratch you own)", args.cache.display())
+    })?;
+    if fs::canonicalize(&args.cache)
+        .ok()
+        .zip(fs::canonicalize(&args.mountpoint).ok())
+        .is_some_and(|(c, m)| c.starts_with(&m))
+    {
+        bail!("the cache directory must not be inside the mountpoint");
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse does not exist: this node has no FUSE support (ask your admins to load the fuse module)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        let dev = CString::new("/dev/fuse").map_err(anyhow::Error::msg)?;
+        // SAFETY: access() reads a valid C string.
+        if unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+            bail!("/dev/fuse is not usable by this user (mode is not 0666): an admin must run `chmod 0666 /dev/fuse`");
+        }
+        if which("fusermount3").is_none() {
+            bail!("fusermount3 not found in PATH: install the fuse3 package (unprivileged mounts need it)");
+        }
+    }
+    Ok(())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether `path` is the root of a mount (its device differs from its parent's, or it is `/`).
+fn is_mountpoint(path: &Path) -> bool {
+    let Ok(canon) = fs::canonicalize(path) else {
+        return false;
+    };
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|m| unescape(m) == canon.as_os_str().as_bytes())
+    })
+}
+
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len() + 0
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn default_cache_size(dir: &Path) -> u64 {
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return 10 << 30;
+    };
+    // SAFETY: statvfs fills a zeroed struct we own from a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
+        return 10 << 30;
+    }
+    (s.f_bavail as u64 * s.f_frsize as u64) / 10 * 9
+}
+
+/// Runs `stagefs mount`.
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    check_args(&args)?;
+    if args.foreground {
+        super::logging::init("info");
+        return serve(args);
+    }
+    daemonize(&args)
+}
+
+fn daemonize(args: &Args) -> anyhow::Result<i32> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array we own.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned here alone.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let log_path = args.cache.join("stagefs.log");
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening log {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("locating the stagefs binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .arg("--ready-fd")
+        .arg(wr.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let rd_raw = rd.as_raw_fd();
+    // SAFETY: the closure only calls async-signal-safe functions (setsid, close).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            libc::close(rd_raw);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the mount daemon")?;
+    drop(wr);
+    // One line: "ok" or "error: ...". Not read to EOF: helpers the daemon starts may hold the pipe.
+    let mut msg = String::new();
+    let _ = std::io::BufReader::new(fs::File::from(rd)).read_line(&mut msg);
+    if msg.starts_with("ok") {
+        return Ok(0);
+    }
+    let status = child.wait().ok();
+    let reason = msg
+        .strip_prefix("error: ")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .unwrap_or_else(|| {
+            let log = fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<_> = log.lines().rev().take(5).collect();
+            format!(
+                "the daemon exited ({status:?}); last log lines:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        });
+    bail!("mount failed: {reason}")
+}
+
+fn serve(args: Args) -> anyhow::Result<i32> {
+    // Before any thread starts, so that every thread inherits the mask and only sigwait sees them.
+    let signals = block_signals()?;
+    let mut ready = args.ready_fd.map(|fd| {
+        // SAFETY: the parent passed us this descriptor, open and ours alone.
+        unsafe { fs::File::from_raw_fd(fd) }
+    });
+    let result = start(&args);
+    let (core, mut mounted) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            if let Some(f) = ready.as_mut() {
+                let _ = writeln!(f, "error: {e:#}");
+            }
+            return Err(e);
+        }
+    };
+    if let Some(mut f) = ready.take() {
+        let _ = f.write_all(b"ok\n");
+    }
+    tracing::info!(source = %args.source.display(), mountpoint = %args.mountpoint.display(), "mounted");
+    // SIGTERM/SIGINT/SIGHUP: unmount cleanly (the session then ends and the cache is flushed).
+    let mut unmounter_slot = mounted.take_unmounter();
+    let mountpoint = args.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("stagefs-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait on a set we built; the signals are blocked in every thread.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                tracing::info!(signal = sig, "unmounting on signal");
+                if let Some(mut u) = unmounter_slot.take() {
+                    if u.unmount().is_err() {
+                        let _ = unmount_path(&mountpoint, true);
+                    }
+                }
+            }
+        })?;
+    let joined = mounted.join();
+    core.shutdown();
+    stagefs_fs::core::log_summary(&core);
+    joined.context("FUSE session ended with an error")?;
+    Ok(0)
+}
+
+fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mount::Mounted)> {
+    let cache_size = args
+        .cache_size
+        .unwrap_or_else(|| default_cache_size(&args.cache));
+    let cfg = FsConfig {
+        source: fs::canonicalize(&args.source)?,
+        cache_dir: fs::canonicalize(&args.cache)?,
+        cache_size,
+        fetch: FetchConfig {
+            workers: args.fetch_threads.max(1),
+            ..FetchConfig::default()
+        },
+        stage: !args.no_staging,
+        cross_file: stagefs_fs::core::CROSS_FILE_COUNT,
+    };
+    let core = FsCore::new(cfg)
+        .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let opts = MountOptions {
+        // Registering backing files needs CAP_SYS_ADMIN.
+        passthrough: !args.no_passthrough && root,
+        threads: args.fuse_threads,
+        allow_other: args.allow_other,
+    };
+    let mounted = mount(core.clone(), &args.mountpoint, &opts)
+        .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;
+    Ok((core, mounted))
+}
+
+fn block_signals() -> anyhow::Result<libc::sigset_t> {
+    // SAFETY: sigset operations on a zeroed set we own; pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            bail!("blocking signals failed");
+        }
+        Ok(set)
+    }
+}
+
+/// Unmounts `path`: umount2 as root, else `fusermount3 -u`.
+fn unmount_path(path: &Path, lazy: bool) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let c = CString::new(path.as_os_str().as_bytes())?;
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: umount2 reads a valid C string.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EBUSY) {
+            bail!(
+                "{} is busy (a process has files open or its cwd there); close them or use --lazy",
+                path.display()
+            );
+        }
+        if which("fusermount3").is_none() {
+            bail!("unmounting {}: {err}", path.display());
+        }
+    }
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg(path)
+        .output()
+        .context("running fusermount3 (install the fuse3 package)")?;
+    if !out.status.success() {
+        bail!(
+            "fusermount3 -u {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache index.
+pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
+    let stats = fs::read_to_string(args.mountpoint.join(".stagefs/stats")).ok();
+    let pid = stats
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| v.get("pid").and_then(|p| p.as_u64()));
+    if !is_mountpoint(&args.mountpoint) {
+        bail!("{} is not mounted", args.mountpoint.display());
+    }
+    unmount_path(&args.mountpoint, args.lazy)?;
+    if let Some(pid) = pid {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        while unsafe { libc::kill(pid as i32, 0) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("2t").unwrap(), 2 << 40);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("lots").is_err());
+    }
 }

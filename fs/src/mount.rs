@@ -1,0 +1,70 @@
+//! Mounting a [`FsCore`] with fuser: session options and the handle that unmounts it.
+//!
+//! The session runs [`MountOptions::threads`] request threads, each on its own cloned
+//! `/dev/fuse` descriptor, so a reader waiting on the source never blocks readers of cached
+//! data. As root fuser mounts directly; otherwise it goes through `fusermount3`.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL, SessionUnmounter};
+
+use crate::core::FsCore;
+use crate::fuse::FuseFs;
+
+/// Session options.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Ask the kernel for FUSE passthrough of fully cached files.
+    pub passthrough: bool,
+    /// FUSE request threads.
+    pub threads: usize,
+    /// Let other users read the mount (needs `user_allow_other` in /etc/fuse.conf for non-root).
+    pub allow_other: bool,
+}
+
+/// A live mount.
+pub struct Mounted {
+    session: BackgroundSession,
+    unmounter: Option<SessionUnmounter>,
+}
+
+impl Mounted {
+    /// Takes the handle that unmounts from another thread (e.g. a signal-handling thread).
+    pub fn take_unmounter(&mut self) -> Option<SessionUnmounter> {
+        self.unmounter.take()
+    }
+
+    /// Waits until the filesystem is unmounted (by `umount`, `fusermount3 -u` or [`Self::unmounter`]).
+    pub fn join(self) -> io::Result<()> {
+        self.session.join()
+    }
+}
+
+/// Mounts `core` at `mountpoint`; returns once the kernel has completed the FUSE handshake.
+pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(format!("stagefs:{}", core.source().display())),
+        MountOption::Subtype("stagefs".into()),
+    ];
+    cfg.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    cfg.n_threads = Some(opts.threads.max(1));
+    cfg.clone_fd = true;
+    let mut session = Session::new(FuseFs::new(core, opts.passthrough), mountpoint, &cfg)?;
+    let unmounter = session.unmount_callable();
+    let session = session.spawn()?;
+    Ok(Mounted {
+        session,
+        unmounter: Some(unmounter),
+    })
+}

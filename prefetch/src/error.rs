@@ -1,0 +1,50 @@
+//! Errors of the cache and of the source it reads from.
+
+use std::io;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// A failure reading from the source (the slow shared filesystem).
+#[derive(Debug, Error)]
+pub enum SourceError {
+    /// The file's size or mtime is no longer what the caller saw: it changed or was replaced.
+    #[error("{path} changed on the source while being read")]
+    Changed {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The file vanished from the source.
+    #[error("{path} no longer exists on the source")]
+    Gone {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// Any other I/O error from the source.
+    #[error("reading {path} from the source: {source}")]
+    Io {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A failure of the scratch cache itself. Callers treat these as misses and read the source:
+/// a broken cache must never fail a read that the source can serve.
+#[derive(Debug, Error)]
+pub enum CacheError {
+    /// The cache directory could not be created or written.
+    #[error("cache directory {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing a block or header failed (e.g. scratch full).
+    #[error("writing the cache: {0}")]
+    Write(#[source] io::Error),
+}

@@ -1,0 +1,138 @@
+//! The capacity limit and least-recently-used eviction of cached blocks.
+//!
+//! Every cached block is one entry in an [`lru::LruCache`] keyed by (file key, block index).
+//! Reserving room for a new block pops the least recently used blocks until it fits; blocks of
+//! *pinned* files (open through kernel passthrough, where a punched hole would read as zeros)
+//! are skipped and put back. The caller releases the victims' disk space.
+
+use std::collections::HashSet;
+
+use lru::LruCache;
+
+/// A block: the file's [`crate::meta::path_key`] and the block index.
+pub type BlockKey = (u64, u32);
+
+/// The LRU index of cached blocks and the bytes they use.
+pub struct Eviction {
+    lru: LruCache<BlockKey, u64>,
+    used: u64,
+    capacity: u64,
+}
+
+impl Eviction {
+    /// An empty index with room for `capacity` bytes.
+    pub fn new(capacity: u64) -> Eviction {
+        Eviction {
+            lru: LruCache::unbounded(),
+            used: 0,
+            capacity,
+        }
+    }
+
+    /// Bytes of cached blocks.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Lowers the capacity, e.g. to what fits after scratch ran out of space.
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+    }
+
+    /// Marks a block as just used.
+    pub fn touch(&mut self, key: BlockKey) {
+        self.lru.promote(&key);
+    }
+
+    /// Records a cached block of `len` bytes (most recently used).
+    pub fn insert(&mut self, key: BlockKey, len: u64) {
+        if let Some(old) = self.lru.put(key, len) {
+            self.used -= old;
+        }
+        self.used += len;
+    }
+
+    /// Forgets a block; returns its length if it was cached.
+    pub fn remove(&mut self, key: BlockKey) -> Option<u64> {
+        let len = self.lru.pop(&key)?;
+        self.used -= len;
+        Some(len)
+    }
+
+    /// Makes room for `len` more bytes by evicting least recently used blocks of files not in
+    /// `pinned`. Returns the evicted blocks, or `None` (evicting nothing) if even evicting every
+    /// unpinned block would not make room.
+    pub fn reserve(&mut self, len: u64, pinned: &HashSet<u64>) -> Option<Vec<BlockKey>> {
+        if len > self.capacity {
+            return None;
+        }
+        let mut victims = Vec::new();
+        let mut skipped = Vec::new();
+        while self.used + len > self.capacity {
+            match self.lru.pop_lru() {
+                Some((key, blen)) if pinned.contains(&key.0) => skipped.push((key, blen)),
+                Some((key, blen)) => {
+                    self.used -= blen;
+                    victims.push((key, blen));
+                }
+                None => break,
+            }
+        }
+        let fits = self.used + len <= self.capacity;
+        // Pinned blocks go back as least recently used, in their old order.
+        for (key, blen) in skipped.into_iter().rev() {
+            self.lru.put(key, blen);
+            self.lru.demote(&key);
+        }
+        if !fits {
+            for (key, blen) in victims.into_iter().rev() {
+                self.lru.put(key, blen);
+                self.lru.demote(&key);
+                self.used += blen;
+            }
+            return None;
+        }
+        Some(victims.into_iter().map(|(k, _)| k).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used_first() {
+        let mut e = Eviction::new(3);
+        e.insert((1, 0), 1);
+        e.insert((2, 0), 1);
+        e.insert((3, 0), 1);
+        e.touch((1, 0));
+        let victims = e.reserve(1, &HashSet::new()).unwrap();
+        assert_eq!(victims, vec![(2, 0)]);
+        assert_eq!(e.used(), 2);
+    }
+
+    #[test]
+    fn pinned_files_are_never_evicted() {
+        let mut e = Eviction::new(2);
+        e.insert((1, 0), 1);
+        e.insert((2, 0), 1);
+        let pinned: HashSet<u64> = [1].into_iter().collect();
+        assert_eq!(e.reserve(1, &pinned).unwrap(), vec![(2, 0)]);
+        e.insert((3, 0), 1);
+        let pinned: HashSet<u64> = [1, 3].into_iter().collect();
+        assert!(e.reserve(1, &pinned).is_none(), "only pinned blocks left");
+        assert_eq!(e.used(), 2, "a failed reservation evicts nothing");
+    }
+
+    #[test]
+    fn oversized_request_is_refused() {
+        let mut e = Eviction::new(10);
+        assert!(e.reserve(11, &HashSet::new()).is_none());
+    }
+}

@@ -1,0 +1,166 @@
+//! Counters behind `MOUNTPOINT/.stagefs/stats`: cheap atomics bumped on the read path, turned
+//! into a JSON snapshot on demand. The error list keeps the most recent [`MAX_ERRORS`] so a bad
+//! dataset cannot grow it without bound.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::source::lock;
+
+/// Errors remembered for the stats file; older ones are counted but dropped.
+pub const MAX_ERRORS: usize = 100;
+
+/// Live counters, shared by the fetcher, the store and the filesystem.
+#[derive(Default)]
+pub struct Stats {
+    /// Bytes answered from the scratch cache.
+    pub bytes_from_cache: AtomicU64,
+    /// Bytes answered by reading the source on the reader's behalf.
+    pub bytes_from_source: AtomicU64,
+    /// Bytes served to readers by kernel passthrough (counted at open, whole files).
+    pub passthrough_opens: AtomicU64,
+    /// Reads (FUSE read requests) on source files.
+    pub reads: AtomicU64,
+    /// Blocks found in the cache on a demand read.
+    pub block_hits: AtomicU64,
+    /// Blocks a demand read had to wait for.
+    pub block_misses: AtomicU64,
+    /// Bytes fetched ahead of readers (read-ahead and cross-file prefetch).
+    pub bytes_prefetched: AtomicU64,
+    /// Bytes fetched by background staging.
+    pub bytes_staged: AtomicU64,
+    /// Files whose every block is cached.
+    pub files_staged: AtomicU64,
+    /// Blocks evicted to respect the capacity.
+    pub blocks_evicted: AtomicU64,
+    /// Fetches running now.
+    pub fetches_in_flight: AtomicU64,
+    /// Nanoseconds readers spent waiting on the source (demand misses).
+    pub reader_wait_ns: AtomicU64,
+    /// Cached blocks whose checksum or header did not match (served from the source instead).
+    pub corrupt_blocks: AtomicU64,
+    /// Times a cache write failed for lack of space (reads went to the source).
+    pub cache_full_events: AtomicU64,
+    /// Tensor view chunks rendered.
+    pub views_rendered: AtomicU64,
+    /// Bytes of tensor views served.
+    pub view_bytes: AtomicU64,
+    /// Total errors, including those no longer listed.
+    pub error_count: AtomicU64,
+    /// Bytes background staging set out to cache (0 when the tree does not fit).
+    pub staging_target: AtomicU64,
+    errors: Mutex<VecDeque<String>>,
+}
+
+/// A point-in-time copy of [`Stats`] plus cache occupancy, as written to the stats file.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+pub struct StatsSnapshot {
+    /// Seconds since the mount started.
+    pub uptime_s: f64,
+    /// Bytes answered from the cache.
+    pub bytes_from_cache: u64,
+    /// Bytes answered from the source on demand.
+    pub bytes_from_source: u64,
+    /// `bytes_from_cache / (bytes_from_cache + bytes_from_source)`.
+    pub hit_ratio: f64,
+    /// Opens served by kernel passthrough.
+    pub passthrough_opens: u64,
+    /// Read requests.
+    pub reads: u64,
+    /// Demand block hits.
+    pub block_hits: u64,
+    /// Demand block misses.
+    pub block_misses: u64,
+    /// Bytes prefetched.
+    pub bytes_prefetched: u64,
+    /// Bytes staged in the background.
+    pub bytes_staged: u64,
+    /// Files fully cached.
+    pub files_staged: u64,
+    /// Blocks evicted.
+    pub blocks_evicted: u64,
+    /// Fetches running now.
+    pub fetches_in_flight: u64,
+    /// Seconds readers waited on the source.
+    pub reader_wait_s: f64,
+    /// Corrupt cache blocks detected.
+    pub corrupt_blocks: u64,
+    /// Cache-full events.
+    pub cache_full_events: u64,
+    /// View chunks rendered.
+    pub views_rendered: u64,
+    /// View bytes served.
+    pub view_bytes: u64,
+    /// Bytes in the cache now.
+    pub cache_used: u64,
+    /// Cache capacity in bytes.
+    pub cache_capacity: u64,
+    /// Bytes of the source tree scheduled for staging (0 when the tree does not fit).
+    pub staging_target: u64,
+    /// Number of errors seen.
+    pub error_count: u64,
+    /// The most recent errors.
+    pub errors: Vec<String>,
+    /// Process id of the mount daemon.
+    pub pid: u32,
+    /// The cache directory.
+    pub cache_dir: String,
+    /// The source directory.
+    pub source: String,
+}
+
+impl Stats {
+    /// Records an error for the stats file (and the count).
+    pub fn error(&self, msg: impl Into<String>) {
+        self.error_count.fetch_add(1, Relaxed);
+        let mut errors = lock(&self.errors);
+        if errors.len() == MAX_ERRORS {
+            errors.pop_front();
+        }
+        errors.push_back(msg.into());
+    }
+
+    /// Whether an identical message is already listed (to log a bad file once, not per read).
+    pub fn has_error(&self, msg: &str) -> bool {
+        lock(&self.errors).iter().any(|e| e == msg)
+    }
+
+    /// A snapshot of the counters; occupancy and identity fields are filled by the caller.
+    pub fn snapshot(&self, started: Instant) -> StatsSnapshot {
+        let from_cache = self.bytes_from_cache.load(Relaxed);
+        let from_source = self.bytes_from_source.load(Relaxed);
+        let total = from_cache + from_source;
+        StatsSnapshot {
+            uptime_s: started.elapsed().as_secs_f64(),
+            bytes_from_cache: from_cache,
+            bytes_from_source: from_source,
+            hit_ratio: if total == 0 {
+                0.0
+            } else {
+                from_cache as f64 / total as f64
+            },
+            passthrough_opens: self.passthrough_opens.load(Relaxed),
+            reads: self.reads.load(Relaxed),
+            block_hits: self.block_hits.load(Relaxed),
+            block_misses: self.block_misses.load(Relaxed),
+            bytes_prefetched: self.bytes_prefetched.load(Relaxed),
+            bytes_staged: self.bytes_staged.load(Relaxed),
+            files_staged: self.files_staged.load(Relaxed),
+            blocks_evicted: self.blocks_evicted.load(Relaxed),
+            fetches_in_flight: self.fetches_in_flight.load(Relaxed),
+            reader_wait_s: self.reader_wait_ns.load(Relaxed) as f64 / 1e9,
+            corrupt_blocks: self.corrupt_blocks.load(Relaxed),
+            cache_full_events: self.cache_full_events.load(Relaxed),
+            views_rendered: self.views_rendered.load(Relaxed),
+            view_bytes: self.view_bytes.load(Relaxed),
+            error_count: self.error_count.load(Relaxed),
+            staging_target: self.staging_target.load(Relaxed),
+            errors: lock(&self.errors).iter().cloned().collect(),
+            ..StatsSnapshot::default()
+        }
+    }
+}
