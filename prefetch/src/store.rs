@@ -165,10 +165,9 @@ impl CacheStore {
                 },
             );
         }
-        let over = inner.evict.used().saturating_sub(inner.evict.capacity());
-        if over > 0 {
-            let pinned = HashSet::new();
-            if let Some(victims) = inner.evict.reserve(over, &pinned) {
+        if inner.evict.used() > inner.evict.capacity() {
+            // Capacity lowered since the last mount: reserving nothing evicts down to it.
+            if let Some(victims) = inner.evict.reserve(0, &HashSet::new()) {
                 for v in victims {
                     self.drop_block(&mut inner, v);
                 }

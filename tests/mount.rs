@@ -1,0 +1,420 @@
+//! Real FUSE mounts of a generated tree: bytes, metadata, concurrency, read-only-ness, source
+//! changes, cache corruption, a full scratch, a killed daemon, and an unprivileged user.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{assert_same_tree, is_root, make_tree, pattern, Mount, BIN};
+use rand::{Rng, SeedableRng};
+
+fn fresh() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    (tmp, src)
+}
+
+#[test]
+fn mounted_tree_matches_source_cold_and_warm() {
+    let (tmp, src) = fresh();
+    let files = make_tree(&src);
+    let non_empty = files
+        .iter()
+        .filter(|f| fs::metadata(src.join(f)).unwrap().len() > 0)
+        .count() as u64;
+    let mut m = Mount::new(tmp.path(), &src, &["--cache-size", "100M"]);
+    assert_same_tree(&src, &m.mnt);
+    let s = m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(non_empty));
+    assert_eq!(s["error_count"], 0, "{s}");
+    m.umount();
+    // Warm: everything comes from scratch (through passthrough when running as root).
+    m.mount();
+    assert_same_tree(&src, &m.mnt);
+    let s = m.stats();
+    assert_eq!(s["bytes_from_source"], 0, "{s}");
+    if is_root() {
+        assert!(s["passthrough_opens"].as_u64().unwrap() > 0, "{s}");
+    }
+}
+
+#[test]
+fn concurrent_random_reads_equal_the_source() {
+    let (tmp, src) = fresh();
+    let files = make_tree(&src);
+    let m = Mount::new(
+        tmp.path(),
+        &src,
+        &["--no-staging", "--no-passthrough", "--cache-size", "4M"],
+    );
+    let files = Arc::new(files);
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (src, mnt, files) = (src.clone(), m.mnt.clone(), files.clone());
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                for _ in 0..150 {
+                    let rel = &files[rng.random_range(0..files.len())];
+                    let size = fs::metadata(src.join(rel)).unwrap().len();
+                    let off = rng.random_range(0..=size);
+                    let len = rng.random_range(0..300_000usize);
+                    let want = {
+                        let mut b = vec![0; len];
+                        let n = fs::File::open(src.join(rel))
+                            .unwrap()
+                            .read_at(&mut b, off)
+                            .unwrap();
+                        b.truncate(n);
+                        b
+                    };
+                    let mut f = fs::File::open(mnt.join(rel)).unwrap();
+                    f.seek(SeekFrom::Start(off)).unwrap();
+                    let mut got = Vec::new();
+                    f.take(len as u64).read_to_end(&mut got).unwrap();
+                    assert!(got == want, "{} at {off}+{len}", rel.display());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A 4 MiB cache for a ~18 MiB tree: reads kept working while blocks were evicted.
+    let s = m.stats();
+    assert!(s["blocks_evicted"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["cache_used"].as_u64().unwrap() <= 4 << 20, "{s}");
+}
+
+#[test]
+fn writes_fail_with_erofs() {
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let m = Mount::new(tmp.path(), &src, &[]);
+    let erofs =
+        |r: std::io::Result<()>| assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    erofs(fs::write(m.mnt.join("new"), b"x"));
+    erofs(
+        fs::OpenOptions::new()
+            .write(true)
+            .open(m.mnt.join("f3.bin"))
+            .map(drop),
+    );
+    erofs(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.mnt.join("f3.bin"))
+            .map(drop),
+    );
+    erofs(fs::create_dir(m.mnt.join("d")));
+    erofs(fs::remove_file(m.mnt.join("f3.bin")));
+    erofs(fs::rename(m.mnt.join("f3.bin"), m.mnt.join("g")));
+    erofs(fs::set_permissions(
+        m.mnt.join("f3.bin"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    ));
+    assert_eq!(
+        fs::read(src.join("f3.bin")).unwrap().len(),
+        4095,
+        "source untouched"
+    );
+}
+
+#[test]
+fn symlinks_are_shown_not_followed() {
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let m = Mount::new(tmp.path(), &src, &[]);
+    assert!(fs::symlink_metadata(m.mnt.join("abs-link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        fs::read_link(m.mnt.join("abs-link")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    // A relative link resolves inside the mount.
+    assert_eq!(
+        fs::read(m.mnt.join("a/link")).unwrap(),
+        fs::read(src.join("a/b/f1.bin")).unwrap()
+    );
+}
+
+#[test]
+fn source_changed_while_mounted_is_never_served_stale_or_mixed() {
+    let (tmp, src) = fresh();
+    let size = 4 << 20;
+    fs::write(src.join("f"), pattern(1, size)).unwrap();
+    fs::write(src.join("gone"), b"soon deleted").unwrap();
+    let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
+    assert_eq!(fs::read(m.mnt.join("f")).unwrap(), pattern(1, size));
+    // A handle opened on the old version, part-read.
+    let held = fs::File::open(m.mnt.join("f")).unwrap();
+    let mut head = vec![0; 4096];
+    held.read_exact_at(&mut head, 0).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(src.join("f"), pattern(2, size)).unwrap();
+    fs::remove_file(src.join("gone")).unwrap();
+    std::thread::sleep(Duration::from_millis(1200)); // attribute TTL
+                                                     // New opens see the new version, in full.
+    assert!(
+        fs::read(m.mnt.join("f")).unwrap() == pattern(2, size),
+        "stale bytes after change"
+    );
+    assert_eq!(
+        fs::metadata(m.mnt.join("gone")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    // The old handle: whole old bytes or an error, never a mix of versions.
+    let mut rest = vec![0; size - 4096];
+    match held.read_exact_at(&mut rest, 4096) {
+        Ok(()) => {
+            let old = pattern(1, size);
+            let new = pattern(2, size);
+            assert!(rest == old[4096..] || rest == new[4096..], "mixed versions");
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+}
+
+#[test]
+fn corrupted_cache_block_is_detected_and_refetched() {
+    let (tmp, src) = fresh();
+    let data = pattern(3, 3 << 20);
+    fs::write(src.join("f"), &data).unwrap();
+    let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
+    assert!(fs::read(m.mnt.join("f")).unwrap() == data);
+    m.umount();
+    let mut corrupted = 0;
+    for sub in fs::read_dir(m.cache.join("v1")).unwrap().flatten() {
+        for f in fs::read_dir(sub.path()).unwrap().flatten() {
+            if f.path().extension().is_some_and(|e| e == "data") {
+                let file = fs::OpenOptions::new().write(true).open(f.path()).unwrap();
+                file.write_all_at(b"CORRUPT", (1 << 20) + 5).unwrap();
+                corrupted += 1;
+            }
+        }
+    }
+    assert_eq!(corrupted, 1);
+    m.mount();
+    assert!(
+        fs::read(m.mnt.join("f")).unwrap() == data,
+        "corrupt cache bytes were served"
+    );
+    let s = m.stats();
+    assert!(s["corrupt_blocks"].as_u64().unwrap() >= 1, "{s}");
+    let from_source = s["bytes_from_source"].as_u64().unwrap();
+    assert!(
+        from_source > 0 && from_source <= 1 << 20,
+        "only the bad block is re-fetched: {s}"
+    );
+}
+
+#[test]
+fn full_scratch_still_serves_every_read() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs");
+        return;
+    }
+    let (tmp, src) = fresh();
+    let data = pattern(4, 12 << 20);
+    fs::write(src.join("big"), &data).unwrap();
+    let scratch = tmp.path().join("scratch");
+    fs::create_dir(&scratch).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&scratch)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&scratch);
+    let mut m = Mount::with_cache(
+        tmp.path(),
+        &src,
+        &scratch.join("cache"),
+        &["--no-staging", "--no-passthrough", "--cache-size", "1G"],
+    );
+    for _ in 0..2 {
+        assert!(
+            fs::read(m.mnt.join("big")).unwrap() == data,
+            "read failed with scratch full"
+        );
+    }
+    let s = m.stats();
+    assert!(s["cache_full_events"].as_u64().unwrap() >= 1, "{s}");
+    m.umount();
+}
+
+#[test]
+fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
+    assert_same_tree(&src, &m.mnt);
+    let pid = m.stats()["pid"].as_i64().unwrap();
+    std::thread::sleep(Duration::from_millis(2500)); // one header flush interval
+                                                     // SAFETY: sending SIGKILL to the daemon we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    std::thread::sleep(Duration::from_millis(200));
+    let err = fs::metadata(m.mnt.join("f1.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    // Mounting over the dead mount is refused with advice.
+    let out = Command::new(BIN)
+        .arg("mount")
+        .arg(&src)
+        .arg(&m.mnt)
+        .arg("--cache")
+        .arg(&m.cache)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stagefs umount"),
+        "{out:?}"
+    );
+    m.umount();
+    m.mount();
+    assert_same_tree(&src, &m.mnt);
+    let s = m.stats();
+    assert_eq!(
+        s["bytes_from_source"], 0,
+        "cache not reused after kill -9: {s}"
+    );
+    assert!(s["bytes_from_cache"].as_u64().unwrap() > 0, "{s}");
+}
+
+#[test]
+fn stats_file_and_stat_command_report_the_mount() {
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
+    fs::read(m.mnt.join("c/f8.bin")).unwrap();
+    let s = m.stats();
+    let served = s["bytes_from_source"].as_u64().unwrap() + s["bytes_from_cache"].as_u64().unwrap();
+    assert_eq!(
+        served,
+        fs::metadata(src.join("c/f8.bin")).unwrap().len(),
+        "{s}"
+    );
+    assert!(s["block_misses"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(
+        s["source"].as_str().unwrap(),
+        fs::canonicalize(&src).unwrap().to_str().unwrap()
+    );
+    let out = Command::new(BIN).arg("stat").arg(&m.mnt).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verdict"), "{text}");
+    assert!(text.contains("from source"), "{text}");
+}
+
+#[test]
+fn mount_errors_are_clear() {
+    let (tmp, src) = fresh();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let cache = tmp.path().join("cache");
+    let (s, m, c) = (
+        src.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        cache.to_str().unwrap(),
+    );
+    assert!(run(&["mount", "/nonexistent/data", m, "--cache", c]).contains("/nonexistent/data"));
+    assert!(run(&["mount", s, "/nonexistent/mnt", "--cache", c]).contains("mkdir -p"));
+    let _busy = Mount::new(tmp.path(), &src, &[]);
+    assert!(run(&["mount", s, m, "--cache", c]).contains("already a mountpoint"));
+}
+
+#[test]
+fn unprivileged_user_mounts_through_fusermount3() {
+    if !is_root() {
+        eprintln!("skipped: the test switches to an unprivileged user");
+        return;
+    }
+    let mode = fs::metadata("/dev/fuse").unwrap().mode() & 0o777;
+    assert_eq!(
+        mode, 0o666,
+        "/dev/fuse must be mode 0666 for user mounts (CI does chmod 0666 /dev/fuse)"
+    );
+    let uid = match Command::new("id").args(["-u", "stagefs-test"]).output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse::<u32>()
+            .unwrap(),
+        _ => 65534,
+    };
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    // The binary and the tree must be reachable by that user.
+    let bin = tmp.path().join("stagefs");
+    fs::copy(BIN, &bin).unwrap();
+    let chown = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(tmp.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    std::os::unix::fs::chown(&mnt, Some(uid), Some(uid)).unwrap();
+    let as_user = |args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .args(args);
+        c.env("HOME", tmp.path());
+        c.output().unwrap()
+    };
+    let (b, s, m, c) = (
+        bin.to_str().unwrap(),
+        src.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        tmp.path().join("cache"),
+    );
+    let out = as_user(&[b, "mount", s, m, "--cache", c.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "user mount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let check = format!(
+        "cd {s} && find . -type f | sort | while read f; do cmp \"$f\" \"{m}/$f\" || exit 1; done && \
+         test \"$(readlink {m}/a/link)\" = b/f1.bin && grep -q bytes_from_source {m}/.stagefs/stats"
+    );
+    let out = as_user(&["sh", "-c", &check]);
+    let umount = as_user(&[b, "umount", m]);
+    assert!(
+        out.status.success(),
+        "user reads differ: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        umount.status.success(),
+        "user umount failed: {}",
+        String::from_utf8_lossy(&umount.stderr)
+    );
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(m), "still mounted");
+}
