@@ -221,17 +221,13 @@ impl FsCore {
                 std::thread::Builder::new()
                     .name("stagefs-flush".into())
                     .spawn(move || {
+                        // Short sleeps so shutdown is prompt; a flush every FLUSH_INTERVAL.
+                        let mut last = Instant::now();
                         while !stop.load(Relaxed) {
                             std::thread::sleep(Duration::from_millis(100));
-                            if stop.load(Relaxed) {
-                                break;
-                            }
-                            static TICK: AtomicU64 = AtomicU64::new(0);
-                            if TICK.fetch_add(1, Relaxed)
-                                % (FLUSH_INTERVAL.as_millis() as u64 / 100)
-                                == 0
-                            {
+                            if last.elapsed() >= FLUSH_INTERVAL && !stop.load(Relaxed) {
                                 let _ = store.flush();
+                                last = Instant::now();
                             }
                         }
                     })?,

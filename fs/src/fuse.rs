@@ -259,8 +259,17 @@ impl Filesystem for FuseFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match nix_statvfs(&self.core) {
-            Some(s) => reply.statfs(s.0, s.1, s.2, s.3, s.4, s.5, s.6, s.7),
+        match source_statvfs(&self.core) {
+            Some(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
             None => reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096),
         }
     }
@@ -277,21 +286,12 @@ impl Filesystem for FuseFs {
 }
 
 /// The source filesystem's statvfs, so `df` on the mount shows the dataset's filesystem.
-fn nix_statvfs(core: &FsCore) -> Option<(u64, u64, u64, u64, u64, u32, u32, u32)> {
+fn source_statvfs(core: &FsCore) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(core.source().as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into a zeroed struct we own; `path` is a valid C string.
+    // SAFETY: statvfs is plain old data; all-zero is a valid value.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
+    // SAFETY: `path` is a valid C string and `s` a struct we own.
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut s) };
-    (rc == 0).then_some((
-        s.f_blocks,
-        s.f_bfree,
-        s.f_bavail,
-        s.f_files,
-        s.f_ffree,
-        s.f_bsize as u32,
-        s.f_namemax as u32,
-        s.f_frsize as u32,
-    ))
+    (rc == 0).then_some(s)
 }

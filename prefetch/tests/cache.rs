@@ -1,5 +1,6 @@
 //! Cache and fetcher behaviour without FUSE: validation, eviction, checksums, remount reuse,
 //! and the fetch scheduler against slow and failing sources.
+#![allow(missing_docs, clippy::unwrap_used)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

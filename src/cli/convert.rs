@@ -71,6 +71,7 @@ pub struct Args {
     pub quiet: bool,
 }
 
+#[allow(dead_code)] // used by the conversions as they land
 impl Args {
     /// The inputs (all paths but the last) and the output directory (the last path).
     pub fn inputs_and_out(&self) -> (&[String], PathBuf) {

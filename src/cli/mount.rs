@@ -98,7 +98,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a size (e.g. 500G)"))?;
-    if !(n >= 0.0) {
+    if n.is_nan() || n < 0.0 {
         return Err(format!("{s:?} is not a size"));
     }
     Ok((n * mult as f64) as u64)
@@ -196,7 +196,7 @@ fn unescape(s: &str) -> Vec<u8> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\'
-            && i + 3 < b.len() + 0
+            && i + 3 < b.len()
             && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
