@@ -52,6 +52,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Runs a core call, turning a panic into `EIO` for this request: a bug triggered by one file
+/// must not take down the mount for every other reader.
+fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        tracing::error!(request = what, "internal error (panic) answered with EIO");
+        Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))
+    })
+}
+
 fn errno(e: &FsError) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno())
 }
@@ -101,21 +110,21 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.core.lookup(parent.0, name) {
+        match guard("lookup", || self.core.lookup(parent.0, name)) {
             Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(ino.0) {
+        match guard("getattr", || self.core.getattr(ino.0)) {
             Ok(a) => reply.attr(&TTL, &attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.core.readlink(ino.0) {
+        match guard("readlink", || self.core.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
         }
@@ -124,7 +133,8 @@ impl Filesystem for FuseFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
-        let opened = match self.core.open(ino.0, write, self.passthrough.load(Relaxed)) {
+        let passthrough = self.passthrough.load(Relaxed);
+        let opened = match guard("open", || self.core.open(ino.0, write, passthrough)) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(&e)),
         };
@@ -177,7 +187,7 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.core.read(fh.0, offset, size) {
+        match guard("read", || self.core.read(fh.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(&e)),
         }
@@ -234,7 +244,7 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.core.readdir(ino.0) {
+        let entries = match guard("readdir", || self.core.readdir(ino.0)) {
             Ok(e) => e,
             Err(e) => return reply.error(errno(&e)),
         };
