@@ -38,7 +38,10 @@ pub enum ViewError {
 impl ViewError {
     /// A [`ViewError::Corrupt`] for `path`.
     pub fn corrupt(path: impl Into<PathBuf>, reason: impl ToString) -> Self {
-        ViewError::Corrupt { path: path.into(), reason: reason.to_string() }
+        ViewError::Corrupt {
+            path: path.into(),
+            reason: reason.to_string(),
+        }
     }
 
     /// The errno the mount should answer with (one place for the mapping, no catch-all).

@@ -52,7 +52,10 @@ pub fn read_all(src: &dyn ByteSource, rel: &Path, limit: u64) -> io::Result<Vec<
     if len > limit {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} is {len} bytes, more than the {limit} bytes allowed", rel.display()),
+            format!(
+                "{} is {len} bytes, more than the {limit} bytes allowed",
+                rel.display()
+            ),
         ));
     }
     let mut buf = vec![0u8; len as usize];
@@ -97,7 +100,10 @@ impl DirSource {
                     if std::fs::symlink_metadata(&path)?.file_type().is_symlink() {
                         return Err(io::Error::new(
                             io::ErrorKind::PermissionDenied,
-                            format!("{} is a symlink; views never follow symlinks", path.display()),
+                            format!(
+                                "{} is a symlink; views never follow symlinks",
+                                path.display()
+                            ),
                         ));
                     }
                 }
@@ -146,7 +152,10 @@ impl ByteSource for DirSource {
             } else {
                 EntryKind::Other
             };
-            out.push(SourceEntry { name: entry.file_name(), kind });
+            out.push(SourceEntry {
+                name: entry.file_name(),
+                kind,
+            });
         }
         Ok(out)
     }

@@ -45,7 +45,9 @@ impl TableFormat {
 }
 
 fn is_image(name: &OsStr) -> bool {
-    let Some(ext) = Path::new(name).extension().and_then(OsStr::to_str) else { return false };
+    let Some(ext) = Path::new(name).extension().and_then(OsStr::to_str) else {
+        return false;
+    };
     matches!(ext.to_ascii_lowercase().as_str(), "jpg" | "jpeg" | "png")
 }
 
@@ -118,7 +120,10 @@ impl ViewTree {
     fn scan_dir(&mut self, src: &dyn ByteSource, rel: PathBuf) -> Result<Option<usize>, ViewError> {
         let mut entries = src.list_dir(&rel)?;
         entries.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
-        let mut dir = ViewDir { rel: rel.clone(), ..ViewDir::default() };
+        let mut dir = ViewDir {
+            rel: rel.clone(),
+            ..ViewDir::default()
+        };
         let mut child_dirs = Vec::new();
         for e in entries {
             if e.name.as_bytes().contains(&b'\n') {
@@ -145,7 +150,11 @@ impl ViewTree {
             }
         }
         dir.images_below = class_samples + dir.images.len() as u64;
-        dir.samples = if class_samples > 0 { class_samples } else { dir.images.len() as u64 };
+        dir.samples = if class_samples > 0 {
+            class_samples
+        } else {
+            dir.images.len() as u64
+        };
         let viewable = rel.as_os_str().is_empty()
             || !dir.subdirs.is_empty()
             || !dir.tables.is_empty()
@@ -202,7 +211,11 @@ impl ViewTree {
                 let table = dir.rel.join(name);
                 return match comps.len() - i {
                     1 => Some(Node::TableDir(table, *fmt)),
-                    2 => Some(Node::TableFile(table, *fmt, comps[i + 1].to_str()?.to_string())),
+                    2 => Some(Node::TableFile(
+                        table,
+                        *fmt,
+                        comps[i + 1].to_str()?.to_string(),
+                    )),
                     _ => None,
                 };
             }
@@ -220,9 +233,15 @@ impl ViewTree {
     /// path relative to that directory and its label, in `ImageFolder` order.
     pub fn image_folder(&self, idx: usize) -> Option<ImageFolder> {
         let dir = self.dirs.get(idx)?;
-        let mut folder = ImageFolder { rel: dir.rel.clone(), ..ImageFolder::default() };
-        let classes: Vec<&(OsString, usize)> =
-            dir.subdirs.iter().filter(|(_, i)| self.dirs[*i].images_below > 0).collect();
+        let mut folder = ImageFolder {
+            rel: dir.rel.clone(),
+            ..ImageFolder::default()
+        };
+        let classes: Vec<&(OsString, usize)> = dir
+            .subdirs
+            .iter()
+            .filter(|(_, i)| self.dirs[*i].images_below > 0)
+            .collect();
         if classes.is_empty() {
             let name = dir.rel.file_name().unwrap_or(OsStr::new("."));
             folder.classes.push(name.to_string_lossy().into_owned());

@@ -38,7 +38,11 @@ pub struct ViewOptions {
 
 impl Default for ViewOptions {
     fn default() -> Self {
-        ViewOptions { image_size: 224, strict: false, on_bad: None }
+        ViewOptions {
+            image_size: 224,
+            strict: false,
+            on_bad: None,
+        }
     }
 }
 
@@ -70,7 +74,9 @@ pub struct BytesView {
 impl BytesView {
     /// A view of `bytes`.
     pub fn new(bytes: Vec<u8>) -> Self {
-        BytesView { bytes: bytes.into() }
+        BytesView {
+            bytes: bytes.into(),
+        }
     }
 }
 
@@ -90,7 +96,9 @@ impl View for BytesView {
 
 /// Copies `data[offset..]` into `buf` as far as both go; returns the bytes copied.
 pub(crate) fn copy_from(data: &[u8], offset: u64, buf: &mut [u8]) -> usize {
-    let Ok(start) = usize::try_from(offset) else { return 0 };
+    let Ok(start) = usize::try_from(offset) else {
+        return 0;
+    };
     if start >= data.len() {
         return 0;
     }

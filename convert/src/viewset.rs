@@ -107,7 +107,11 @@ impl ViewSet {
         if let Some(f) = map.get(&idx) {
             return Ok(f.clone());
         }
-        let f = Arc::new(self.tree.image_folder(idx).ok_or_else(|| ViewError::NotFound(PathBuf::new()))?);
+        let f = Arc::new(
+            self.tree
+                .image_folder(idx)
+                .ok_or_else(|| ViewError::NotFound(PathBuf::new()))?,
+        );
         map.insert(idx, f.clone());
         Ok(f)
     }
@@ -119,7 +123,10 @@ impl ViewSet {
             Node::Dir(_) | Node::TableDir(..) => Ok(ViewKind::Dir),
             Node::ImageFile(idx, "images.npy") => {
                 let dir = self.tree.dir_at(idx).ok_or_else(not_found)?;
-                Ok(ViewKind::File(images_len(dir.samples, self.opts.image_size)))
+                Ok(ViewKind::File(images_len(
+                    dir.samples,
+                    self.opts.image_size,
+                )))
             }
             Node::ImageFile(..) | Node::TableFile(..) => Ok(ViewKind::File(self.open(rel)?.len())),
         }
@@ -147,7 +154,10 @@ impl ViewSet {
                 .table(&src_rel, fmt)?
                 .entries()
                 .into_iter()
-                .map(|(name, len)| ViewEntry { name: name.into(), kind: ViewKind::File(len) })
+                .map(|(name, len)| ViewEntry {
+                    name: name.into(),
+                    kind: ViewKind::File(len),
+                })
                 .collect()),
             Node::TableFile(..) | Node::ImageFile(..) => Err(not_found()),
         }
@@ -166,20 +176,28 @@ impl ViewSet {
                 if let Some(v) = map.get(&idx) {
                     return Ok(v.clone());
                 }
-                let v = Arc::new(ImagesView::new(self.src.clone(), self.folder(idx)?, self.opts.clone()));
+                let v = Arc::new(ImagesView::new(
+                    self.src.clone(),
+                    self.folder(idx)?,
+                    self.opts.clone(),
+                ));
                 map.insert(idx, v.clone());
                 Ok(v)
             }
             Node::ImageFile(idx, name) => {
                 let folder = self.folder(idx)?;
-                Ok(Arc::new(image_file_view(&folder, name).ok_or_else(not_found)?))
+                Ok(Arc::new(
+                    image_file_view(&folder, name).ok_or_else(not_found)?,
+                ))
             }
         }
     }
 }
 
 fn poisoned() -> ViewError {
-    ViewError::Io(std::io::Error::other("a view lock was poisoned by an earlier panic"))
+    ViewError::Io(std::io::Error::other(
+        "a view lock was poisoned by an earlier panic",
+    ))
 }
 
 /// The view of the file `rel` under `.npy/`, built afresh (no caching across calls).
@@ -192,21 +210,30 @@ pub fn open_view(
     let not_found = || ViewError::NotFound(rel.to_path_buf());
     match tree.lookup(rel).ok_or_else(not_found)? {
         Node::Dir(_) | Node::TableDir(..) => Err(not_found()),
-        Node::TableFile(src_rel, fmt, name) => {
-            Arc::new(Table::open(src, &src_rel, fmt)?).view(&name).ok_or_else(not_found)
-        }
+        Node::TableFile(src_rel, fmt, name) => Arc::new(Table::open(src, &src_rel, fmt)?)
+            .view(&name)
+            .ok_or_else(not_found),
         Node::ImageFile(idx, name) => {
             let folder = tree.image_folder(idx).ok_or_else(not_found)?;
             if name == "images.npy" {
-                return Ok(Arc::new(ImagesView::new(src, Arc::new(folder), opts.clone())));
+                return Ok(Arc::new(ImagesView::new(
+                    src,
+                    Arc::new(folder),
+                    opts.clone(),
+                )));
             }
-            Ok(Arc::new(image_file_view(&folder, name).ok_or_else(not_found)?))
+            Ok(Arc::new(
+                image_file_view(&folder, name).ok_or_else(not_found)?,
+            ))
         }
     }
 }
 
 /// Files (name, size) of the directory of the table at source path `rel`.
-pub fn table_entries(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Vec<(String, u64)>, ViewError> {
+pub fn table_entries(
+    src: Arc<dyn ByteSource>,
+    rel: &Path,
+) -> Result<Vec<(String, u64)>, ViewError> {
     let format = rel
         .file_name()
         .and_then(TableFormat::of)

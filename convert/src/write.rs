@@ -82,7 +82,10 @@ pub fn write_file(
 ) -> Result<(), ViewError> {
     let view = set.open(&file.rel)?;
     let dest = out.join(&file.rel);
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dest.with_file_name(format!(".{name}.stagefs-tmp"));
     let result = (|| {
         let f = File::create(&tmp)?;
@@ -90,20 +93,26 @@ pub fn write_file(
         f.set_len(len)?;
         let chunk = view.chunk_len().max(MIN_CHUNK);
         let chunks: Vec<u64> = (0..len.div_ceil(chunk)).collect();
-        chunks.par_iter().try_for_each(|&i| -> Result<(), ViewError> {
-            let off = i * chunk;
-            let mut buf = vec![0u8; chunk.min(len - off) as usize];
-            let n = view.read_at(off, &mut buf)?;
-            if n != buf.len() {
-                return Err(ViewError::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("{} ended at {} of {len} bytes", file.rel.display(), off + n as u64),
-                )));
-            }
-            f.write_all_at(&buf, off)?;
-            progress(n as u64);
-            Ok(())
-        })?;
+        chunks
+            .par_iter()
+            .try_for_each(|&i| -> Result<(), ViewError> {
+                let off = i * chunk;
+                let mut buf = vec![0u8; chunk.min(len - off) as usize];
+                let n = view.read_at(off, &mut buf)?;
+                if n != buf.len() {
+                    return Err(ViewError::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{} ended at {} of {len} bytes",
+                            file.rel.display(),
+                            off + n as u64
+                        ),
+                    )));
+                }
+                f.write_all_at(&buf, off)?;
+                progress(n as u64);
+                Ok(())
+            })?;
         f.sync_all()?;
         fs::rename(&tmp, &dest)?;
         Ok(())

@@ -106,7 +106,9 @@ fn check_size(width: u64, height: u64) -> Result<(), String> {
         return Err(format!("image has zero size {width}x{height}"));
     }
     if width * height > MAX_PIXELS {
-        return Err(format!("image is {width}x{height}, more than {MAX_PIXELS} pixels"));
+        return Err(format!(
+            "image is {width}x{height}, more than {MAX_PIXELS} pixels"
+        ));
     }
     Ok(())
 }
@@ -117,11 +119,14 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Rgb, String> {
         .set_max_width(MAX_SIDE)
         .set_max_height(MAX_SIDE);
     let mut dec = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    dec.decode_headers().map_err(|e| format!("bad JPEG header: {e:?}"))?;
+    dec.decode_headers()
+        .map_err(|e| format!("bad JPEG header: {e:?}"))?;
     let info = dec.info().ok_or("bad JPEG header: no frame")?;
     let (w, h) = (u64::from(info.width), u64::from(info.height));
     check_size(w, h)?;
-    let pixels = dec.decode().map_err(|e| format!("corrupt JPEG data: {e:?}"))?;
+    let pixels = dec
+        .decode()
+        .map_err(|e| format!("corrupt JPEG data: {e:?}"))?;
     let n = (w * h) as usize;
     let colorspace = dec.output_colorspace().unwrap_or(ColorSpace::RGB);
     let pixels = match (colorspace.num_components(), pixels.len() / n.max(1)) {
@@ -131,21 +136,35 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Rgb, String> {
         (c, got) => return Err(format!("JPEG decoded to {got} channels (expected {c})")),
     };
     if pixels.len() != n * 3 {
-        return Err(format!("JPEG decoded to {} bytes, expected {}", pixels.len(), n * 3));
+        return Err(format!(
+            "JPEG decoded to {} bytes, expected {}",
+            pixels.len(),
+            n * 3
+        ));
     }
-    Ok(Rgb { width: w as u32, height: h as u32, pixels })
+    Ok(Rgb {
+        width: w as u32,
+        height: h as u32,
+        pixels,
+    })
 }
 
 fn decode_png(bytes: &[u8]) -> Result<Rgb, String> {
     let mut dec = png::Decoder::new(Cursor::new(bytes));
     dec.set_transformations(png::Transformations::normalize_to_color8());
-    dec.set_limits(png::Limits { bytes: (MAX_PIXELS * 4) as usize });
-    let mut reader = dec.read_info().map_err(|e| format!("bad PNG header: {e}"))?;
+    dec.set_limits(png::Limits {
+        bytes: (MAX_PIXELS * 4) as usize,
+    });
+    let mut reader = dec
+        .read_info()
+        .map_err(|e| format!("bad PNG header: {e}"))?;
     let (w, h) = reader.info().size();
     check_size(u64::from(w), u64::from(h))?;
     let len = reader.output_buffer_size().ok_or("PNG too large")?;
     let mut buf = vec![0u8; len];
-    let frame = reader.next_frame(&mut buf).map_err(|e| format!("corrupt PNG data: {e}"))?;
+    let frame = reader
+        .next_frame(&mut buf)
+        .map_err(|e| format!("corrupt PNG data: {e}"))?;
     buf.truncate(frame.buffer_size());
     let (w, h) = (frame.width, frame.height);
     let n = w as usize * h as usize;
@@ -174,7 +193,11 @@ fn decode_png(bytes: &[u8]) -> Result<Rgb, String> {
             c => return Err(format!("PNG with {c} channels per pixel after expansion")),
         }
     }
-    Ok(Rgb { width: w, height: h, pixels: rgb })
+    Ok(Rgb {
+        width: w,
+        height: h,
+        pixels: rgb,
+    })
 }
 
 fn gray_to_rgb(gray: &[u8]) -> Vec<u8> {
@@ -212,15 +235,18 @@ fn resize_crop(rgb: &Rgb, size: u32, out: &mut [u8]) -> Result<(), String> {
         .map_err(|e| format!("internal: source image: {e}"))?;
     let mut dst = Image::from_slice_u8(size, size, out, PixelType::U8x3)
         .map_err(|e| format!("internal: destination image: {e}"))?;
+    // The box can overshoot the image by a rounding error; clamp it to the image.
+    let (bl, bt) = (f64::from(left) * sx, f64::from(top) * sy);
+    let bw = (f64::from(size) * sx).min(f64::from(rgb.width) - bl);
+    let bh = (f64::from(size) * sy).min(f64::from(rgb.height) - bt);
     let options = ResizeOptions::new()
         .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(
-            f64::from(left) * sx,
-            f64::from(top) * sy,
-            f64::from(size) * sx,
-            f64::from(size) * sy,
-        );
-    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options).map_err(|e| format!("resize: {e}")))
+        .crop(bl, bt, bw, bh);
+    RESIZER.with(|r| {
+        r.borrow_mut()
+            .resize(&src, &mut dst, &options)
+            .map_err(|e| format!("resize: {e}"))
+    })
 }
 
 #[cfg(test)]

@@ -42,8 +42,7 @@ impl ImagesView {
     /// The view of `folder`'s images at `opts.image_size`.
     pub fn new(src: Arc<dyn ByteSource>, folder: Arc<ImageFolder>, opts: ViewOptions) -> Self {
         let s = u64::from(opts.image_size);
-        let header =
-            NpyHeader::new(DType::U8, vec![folder.samples.len() as u64, s, s, 3]).encode();
+        let header = NpyHeader::new(DType::U8, vec![folder.samples.len() as u64, s, s, 3]).encode();
         ImagesView {
             src,
             folder,
@@ -64,7 +63,9 @@ impl ImagesView {
     /// Renders sample `i` into `out` (`slot_bytes` long): pixels, or zeros for a bad image.
     fn render_slot(&self, i: u64, out: &mut [u8]) -> Result<(), ViewError> {
         let Some(path) = self.source_path(i) else {
-            return Err(ViewError::NotFound(PathBuf::from(format!("images.npy slot {i}"))));
+            return Err(ViewError::NotFound(PathBuf::from(format!(
+                "images.npy slot {i}"
+            ))));
         };
         let result = match read_all(self.src.as_ref(), &path, MAX_FILE_BYTES) {
             Ok(bytes) => super::decode::render(&bytes, self.opts.image_size, out),
@@ -78,7 +79,11 @@ impl ImagesView {
     }
 
     fn bad(&self, i: u64, path: &Path, reason: String, out: &mut [u8]) -> Result<(), ViewError> {
-        let first = self.reported.lock().map(|mut r| r.insert(i)).unwrap_or(true);
+        let first = self
+            .reported
+            .lock()
+            .map(|mut r| r.insert(i))
+            .unwrap_or(true);
         if first {
             self.opts.report_bad(path, &reason);
         }
@@ -124,9 +129,14 @@ impl View for ImagesView {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
         let rows = self.folder.samples.len() as u64;
-        read_rows(&self.header, self.slot_bytes, rows, offset, buf, &|first, n, out| {
-            self.fill(first, n, out)
-        })
+        read_rows(
+            &self.header,
+            self.slot_bytes,
+            rows,
+            offset,
+            buf,
+            &|first, n, out| self.fill(first, n, out),
+        )
     }
 
     fn chunk_len(&self) -> u64 {
@@ -147,8 +157,11 @@ pub fn image_file_view(folder: &ImageFolder, name: &str) -> Option<BytesView> {
         }
         "classes.txt" => lines(folder.classes.iter().map(String::as_str)),
         "files.txt" => {
-            let names: Vec<String> =
-                folder.samples.iter().map(|(p, _)| p.to_string_lossy().into_owned()).collect();
+            let names: Vec<String> = folder
+                .samples
+                .iter()
+                .map(|(p, _)| p.to_string_lossy().into_owned())
+                .collect();
             lines(names.iter().map(String::as_str))
         }
         _ => return None,

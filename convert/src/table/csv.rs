@@ -36,7 +36,10 @@ impl CsvBlocks {
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let (start, end) = *self.ranges.get(b).ok_or("no such block")?;
         let mut bytes = vec![0u8; (end - start) as usize];
-        let n = self.src.read_at(&self.rel, start, &mut bytes).map_err(|e| e.to_string())?;
+        let n = self
+            .src
+            .read_at(&self.rel, start, &mut bytes)
+            .map_err(|e| e.to_string())?;
         if n != bytes.len() {
             return Err("file is shorter than when it was indexed".into());
         }
@@ -54,7 +57,10 @@ impl CsvBlocks {
             }
         }
         dec.decode(&[]).map_err(|e| e.to_string())?;
-        let batch = dec.flush().map_err(|e| e.to_string())?.ok_or("block decoded to nothing")?;
+        let batch = dec
+            .flush()
+            .map_err(|e| e.to_string())?
+            .ok_or("block decoded to nothing")?;
         Ok(batch.columns().to_vec())
     }
 }
@@ -89,14 +95,23 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
 
     // Where the header line ends: decode one record as text.
     let text_schema = Arc::new(Schema::new(
-        schema.fields().iter().map(|f| Field::new(f.name(), DataType::Utf8, true)).collect::<Vec<_>>(),
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
     ));
-    let mut header = ReaderBuilder::new(text_schema).with_header(false).with_batch_size(1).build_decoder();
+    let mut header = ReaderBuilder::new(text_schema)
+        .with_header(false)
+        .with_batch_size(1)
+        .build_decoder();
     let mut buf = vec![0u8; READ_BYTES];
     let mut data_start = 0u64;
     loop {
         let n = src.read_at(rel, data_start, &mut buf)?;
-        let used = header.decode(&buf[..n]).map_err(|e| bad(format!("bad CSV header: {e}")))?;
+        let used = header
+            .decode(&buf[..n])
+            .map_err(|e| bad(format!("bad CSV header: {e}")))?;
         data_start += used as u64;
         if header.capacity() == 0 || n == 0 {
             break;
@@ -122,12 +137,17 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
             pos = 0;
         }
         let input = &buf[pos..filled];
-        let used = dec.decode(input).map_err(|e| bad(format!("bad CSV record: {e}")))?;
+        let used = dec
+            .decode(input)
+            .map_err(|e| bad(format!("bad CSV record: {e}")))?;
         pos += used;
         consumed += used as u64;
         let at_end = input.is_empty();
         if dec.capacity() == 0 || at_end {
-            if let Some(batch) = dec.flush().map_err(|e| bad(format!("bad CSV record: {e}")))? {
+            if let Some(batch) = dec
+                .flush()
+                .map_err(|e| bad(format!("bad CSV record: {e}")))?
+            {
                 for (j, col) in batch.columns().iter().enumerate() {
                     nulls[j] += col.null_count() as u64;
                 }
@@ -147,6 +167,12 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
         .zip(&nulls)
         .map(|(f, &n)| ColumnPlan::new(f.name().clone(), f.data_type().clone(), n))
         .collect();
-    let blocks = CsvBlocks { src, rel: rel.to_path_buf(), schema, ranges, rows };
+    let blocks = CsvBlocks {
+        src,
+        rel: rel.to_path_buf(),
+        schema,
+        ranges,
+        rows,
+    };
     Ok((columns, starts, Box::new(blocks)))
 }

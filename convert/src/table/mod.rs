@@ -79,8 +79,17 @@ impl ColumnPlan {
             DataType::Float64 => Some(DType::F64),
             _ => None,
         };
-        let skipped = dtype.is_none().then(|| format!("type {source_type} is not numeric or boolean"));
-        ColumnPlan { name, source_type, nulls, dtype, file: None, skipped }
+        let skipped = dtype
+            .is_none()
+            .then(|| format!("type {source_type} is not numeric or boolean"));
+        ColumnPlan {
+            name,
+            source_type,
+            nulls,
+            dtype,
+            file: None,
+            skipped,
+        }
     }
 }
 
@@ -93,9 +102,16 @@ fn assign_files(columns: &mut [ColumnPlan]) {
         if c.dtype.is_none() {
             continue;
         }
-        let base: String =
-            c.name.chars().map(|ch| if ch == '/' || ch == '\0' { '_' } else { ch }).collect();
-        let base = if base.is_empty() || base == "." || base == ".." { format!("column_{i}") } else { base };
+        let base: String = c
+            .name
+            .chars()
+            .map(|ch| if ch == '/' || ch == '\0' { '_' } else { ch })
+            .collect();
+        let base = if base.is_empty() || base == "." || base == ".." {
+            format!("column_{i}")
+        } else {
+            base
+        };
         let mut file = format!("{base}.npy");
         if used.contains(&file) {
             file = format!("{base}_{i}.npy");
@@ -129,7 +145,11 @@ pub struct Table {
 
 impl Table {
     /// Opens the table at `rel` (reads the Parquet footer, or indexes the CSV).
-    pub fn open(src: Arc<dyn ByteSource>, rel: &Path, format: TableFormat) -> Result<Table, ViewError> {
+    pub fn open(
+        src: Arc<dyn ByteSource>,
+        rel: &Path,
+        format: TableFormat,
+    ) -> Result<Table, ViewError> {
         let (columns, block_starts, reader) = match format {
             TableFormat::Parquet => parquet::open(src, rel)?,
             TableFormat::Csv => csv::open(src, rel)?,
@@ -168,7 +188,9 @@ impl Table {
     }
 
     fn feature_cols(&self) -> Vec<usize> {
-        (0..self.columns.len()).filter(|&i| self.columns[i].dtype.is_some()).collect()
+        (0..self.columns.len())
+            .filter(|&i| self.columns[i].dtype.is_some())
+            .collect()
     }
 
     fn column_header(&self, c: usize) -> Option<NpyHeader> {
@@ -176,7 +198,10 @@ impl Table {
     }
 
     fn features_header(&self) -> NpyHeader {
-        NpyHeader::new(DType::F32, vec![self.rows, self.feature_cols().len() as u64])
+        NpyHeader::new(
+            DType::F32,
+            vec![self.rows, self.feature_cols().len() as u64],
+        )
     }
 
     /// `schema.json`: rows, and per column its name, dtype and file or why it was skipped.
@@ -195,8 +220,11 @@ impl Table {
                 }),
             })
             .collect();
-        let features: Vec<&str> =
-            self.feature_cols().iter().map(|&i| self.columns[i].name.as_str()).collect();
+        let features: Vec<&str> = self
+            .feature_cols()
+            .iter()
+            .map(|&i| self.columns[i].name.as_str())
+            .collect();
         let doc = json!({
             "source": self.rel.to_string_lossy(),
             "format": match self.format { TableFormat::Parquet => "parquet", TableFormat::Csv => "csv" },
@@ -229,11 +257,22 @@ impl Table {
         }
         if name == FEATURES {
             let header = self.features_header();
-            return Some(Arc::new(TableView { table: self.clone(), part: Part::Features, header }));
+            return Some(Arc::new(TableView {
+                table: self.clone(),
+                part: Part::Features,
+                header,
+            }));
         }
-        let c = self.columns.iter().position(|c| c.file.as_deref() == Some(name))?;
+        let c = self
+            .columns
+            .iter()
+            .position(|c| c.file.as_deref() == Some(name))?;
         let header = self.column_header(c)?;
-        Some(Arc::new(TableView { table: self.clone(), part: Part::Column(c), header }))
+        Some(Arc::new(TableView {
+            table: self.clone(),
+            part: Part::Column(c),
+            header,
+        }))
     }
 
     fn corrupt(&self, reason: impl ToString) -> ViewError {
@@ -250,12 +289,21 @@ impl Table {
         let rows = (self.block_starts[b + 1] - self.block_starts[b]) as usize;
         let bytes = match part {
             Part::Column(c) => {
-                let dtype = self.columns[c].dtype.ok_or_else(|| self.corrupt("internal: skipped column"))?;
-                let arrays = self.reader.read_block(b, &[c]).map_err(|e| self.corrupt(e))?;
-                let arr = arrays.first().ok_or_else(|| self.corrupt("block has no column"))?;
+                let dtype = self.columns[c]
+                    .dtype
+                    .ok_or_else(|| self.corrupt("internal: skipped column"))?;
+                let arrays = self
+                    .reader
+                    .read_block(b, &[c])
+                    .map_err(|e| self.corrupt(e))?;
+                let arr = arrays
+                    .first()
+                    .ok_or_else(|| self.corrupt("block has no column"))?;
                 if arr.len() != rows {
                     return Err(self.corrupt(format!(
-                        "row group {b} has {} rows, metadata says {rows}", arr.len())));
+                        "row group {b} has {} rows, metadata says {rows}",
+                        arr.len()
+                    )));
                 }
                 column_bytes(arr, dtype).map_err(|e| self.corrupt(e))?
             }
@@ -264,7 +312,9 @@ impl Table {
                 let arrays = if cols.is_empty() {
                     Vec::new()
                 } else {
-                    self.reader.read_block(b, &cols).map_err(|e| self.corrupt(e))?
+                    self.reader
+                        .read_block(b, &cols)
+                        .map_err(|e| self.corrupt(e))?
                 };
                 features_bytes(&arrays, rows).map_err(|e| self.corrupt(e))?
             }
@@ -273,7 +323,9 @@ impl Table {
         if let Ok(mut cache) = self.cache.lock() {
             let mut total: usize = cache.iter().map(|(_, v)| v.len()).sum::<usize>() + bytes.len();
             while total > CACHE_BYTES {
-                let Some((_, old)) = cache.pop_front() else { break };
+                let Some((_, old)) = cache.pop_front() else {
+                    break;
+                };
                 total -= old.len();
             }
             cache.push_back(((b, part), bytes.clone()));
@@ -282,19 +334,31 @@ impl Table {
     }
 
     /// Renders rows `[first, first + n)` of `part` (`row_bytes` each) into `out`.
-    fn fill(&self, part: Part, row_bytes: u64, first: u64, n: u64, out: &mut [u8]) -> Result<(), ViewError> {
+    fn fill(
+        &self,
+        part: Part,
+        row_bytes: u64,
+        first: u64,
+        n: u64,
+        out: &mut [u8],
+    ) -> Result<(), ViewError> {
         let mut row = first;
         let end = first + n;
         let mut pos = 0usize;
         while row < end {
             // Block containing `row`: the last start <= row.
-            let b = self.block_starts.partition_point(|&s| s <= row).saturating_sub(1);
+            let b = self
+                .block_starts
+                .partition_point(|&s| s <= row)
+                .saturating_sub(1);
             let (bs, be) = (self.block_starts[b], self.block_starts[b + 1]);
             let rendered = self.block(b, part)?;
             let take = be.min(end) - row;
             let from = ((row - bs) * row_bytes) as usize;
             let len = (take * row_bytes) as usize;
-            let src = rendered.get(from..from + len).ok_or_else(|| self.corrupt("block shorter than its rows"))?;
+            let src = rendered
+                .get(from..from + len)
+                .ok_or_else(|| self.corrupt("block shorter than its rows"))?;
             out[pos..pos + len].copy_from_slice(src);
             pos += len;
             row += take;
@@ -324,9 +388,14 @@ impl View for TableView {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
         let header = self.header.encode();
         let row_bytes = self.row_bytes();
-        read_rows(&header, row_bytes, self.table.rows, offset, buf, &|first, n, out| {
-            self.table.fill(self.part, row_bytes, first, n, out)
-        })
+        read_rows(
+            &header,
+            row_bytes,
+            self.table.rows,
+            offset,
+            buf,
+            &|first, n, out| self.table.fill(self.part, row_bytes, first, n, out),
+        )
     }
 
     fn chunk_len(&self) -> u64 {
@@ -342,17 +411,72 @@ fn column_bytes(arr: &ArrayRef, dtype: DType) -> Result<Vec<u8>, String> {
     let arr = cast(arr, &target).map_err(|e| format!("cannot convert to {}: {e}", dtype.name()))?;
     let mut out: Vec<u8> = match dtype {
         DType::Bool => arr.as_boolean().values().iter().map(u8::from).collect(),
-        DType::I8 => arr.as_primitive::<Int8Type>().values().inner().as_slice().to_vec(),
-        DType::I16 => arr.as_primitive::<Int16Type>().values().inner().as_slice().to_vec(),
-        DType::I32 => arr.as_primitive::<Int32Type>().values().inner().as_slice().to_vec(),
-        DType::I64 => arr.as_primitive::<Int64Type>().values().inner().as_slice().to_vec(),
-        DType::U8 => arr.as_primitive::<UInt8Type>().values().inner().as_slice().to_vec(),
-        DType::U16 => arr.as_primitive::<UInt16Type>().values().inner().as_slice().to_vec(),
-        DType::U32 => arr.as_primitive::<UInt32Type>().values().inner().as_slice().to_vec(),
-        DType::U64 => arr.as_primitive::<UInt64Type>().values().inner().as_slice().to_vec(),
-        DType::F16 => arr.as_primitive::<Float16Type>().values().inner().as_slice().to_vec(),
-        DType::F32 => arr.as_primitive::<Float32Type>().values().inner().as_slice().to_vec(),
-        DType::F64 => arr.as_primitive::<Float64Type>().values().inner().as_slice().to_vec(),
+        DType::I8 => arr
+            .as_primitive::<Int8Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I16 => arr
+            .as_primitive::<Int16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I32 => arr
+            .as_primitive::<Int32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I64 => arr
+            .as_primitive::<Int64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U8 => arr
+            .as_primitive::<UInt8Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U16 => arr
+            .as_primitive::<UInt16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U32 => arr
+            .as_primitive::<UInt32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U64 => arr
+            .as_primitive::<UInt64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F16 => arr
+            .as_primitive::<Float16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F32 => arr
+            .as_primitive::<Float32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F64 => arr
+            .as_primitive::<Float64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
     };
     if let Some(nulls) = arr.nulls().filter(|n| n.null_count() > 0) {
         let size = dtype.size();
@@ -381,7 +505,8 @@ fn features_bytes(arrays: &[ArrayRef], rows: usize) -> Result<Vec<u8>, String> {
         if arr.len() != rows {
             return Err(format!("column has {} rows, expected {rows}", arr.len()));
         }
-        let f = cast(arr, &DataType::Float32).map_err(|e| format!("cannot convert to float32: {e}"))?;
+        let f =
+            cast(arr, &DataType::Float32).map_err(|e| format!("cannot convert to float32: {e}"))?;
         let f = f.as_primitive::<Float32Type>();
         let values = f.values();
         let nulls = f.nulls().filter(|n| n.null_count() > 0);

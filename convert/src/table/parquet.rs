@@ -11,7 +11,9 @@ use std::sync::Arc;
 use arrow::array::ArrayRef;
 use arrow::compute::concat;
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
@@ -52,7 +54,10 @@ impl ChunkReader for SourceFile {
     type T = SourceRead;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<SourceRead> {
-        Ok(SourceRead { file: self.clone(), pos: start })
+        Ok(SourceRead {
+            file: self.clone(),
+            pos: start,
+        })
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
@@ -85,17 +90,24 @@ impl ParquetBlocks {
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let mask = ProjectionMask::roots(self.meta.parquet_schema(), cols.iter().copied());
         let rows = self.meta.metadata().row_group(b).num_rows().max(1) as usize;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(self.file.clone(), self.meta.clone())
-            .with_projection(mask)
-            .with_row_groups(vec![b])
-            .with_batch_size(rows)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.file.clone(),
+            self.meta.clone(),
+        )
+        .with_projection(mask)
+        .with_row_groups(vec![b])
+        .with_batch_size(rows)
+        .build()
+        .map_err(|e| e.to_string())?;
         let mut parts: Vec<Vec<ArrayRef>> = vec![Vec::new(); cols.len()];
         for batch in reader {
             let batch = batch.map_err(|e| e.to_string())?;
             if batch.num_columns() != cols.len() {
-                return Err(format!("decoded {} columns, wanted {}", batch.num_columns(), cols.len()));
+                return Err(format!(
+                    "decoded {} columns, wanted {}",
+                    batch.num_columns(),
+                    cols.len()
+                ));
             }
             for (j, col) in batch.columns().iter().enumerate() {
                 parts[j].push(col.clone());
@@ -106,7 +118,8 @@ impl ParquetBlocks {
             .map(|p| match p.len() {
                 1 => Ok(p[0].clone()),
                 _ => {
-                    let refs: Vec<&dyn arrow::array::Array> = p.iter().map(|a| a.as_ref()).collect();
+                    let refs: Vec<&dyn arrow::array::Array> =
+                        p.iter().map(|a| a.as_ref()).collect();
                     if refs.is_empty() {
                         return Err("row group decoded to nothing".into());
                     }
@@ -131,10 +144,17 @@ type Opened = (Vec<ColumnPlan>, Vec<u64>, Box<dyn BlockReader>);
 /// Opens the Parquet file at `rel`: footer, column plans, row-group boundaries.
 pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError> {
     let len = src.len(rel)?;
-    let file = SourceFile { src, rel: Arc::new(rel.to_path_buf()), len };
+    let file = SourceFile {
+        src,
+        rel: Arc::new(rel.to_path_buf()),
+        len,
+    };
     match catch_unwind(AssertUnwindSafe(|| open_inner(file))) {
         Ok(r) => r.map_err(|e| ViewError::corrupt(rel, e)),
-        Err(_) => Err(ViewError::corrupt(rel, "Parquet reader panicked on this file")),
+        Err(_) => Err(ViewError::corrupt(
+            rel,
+            "Parquet reader panicked on this file",
+        )),
     }
 }
 
@@ -149,19 +169,27 @@ fn open_inner(file: SourceFile) -> Result<Opened, String> {
     }
     let schema = meta.schema().clone();
     let descr = meta.parquet_schema();
-    let blocks = ParquetBlocks { file, meta: meta.clone() };
+    let blocks = ParquetBlocks {
+        file,
+        meta: meta.clone(),
+    };
     let mut columns = Vec::with_capacity(schema.fields().len());
     for (i, field) in schema.fields().iter().enumerate() {
         let mut plan = ColumnPlan::new(field.name().clone(), field.data_type().clone(), 0);
         if plan.dtype.is_some() {
-            let leaves: Vec<usize> =
-                (0..descr.num_columns()).filter(|&l| descr.get_column_root_idx(l) == i).collect();
+            let leaves: Vec<usize> = (0..descr.num_columns())
+                .filter(|&l| descr.get_column_root_idx(l) == i)
+                .collect();
             let nulls = match leaves.as_slice() {
                 [leaf] if descr.column(*leaf).max_def_level() == 0 => Some(0),
                 [leaf] => md
                     .row_groups()
                     .iter()
-                    .map(|rg| rg.column(*leaf).statistics().and_then(|s| s.null_count_opt()))
+                    .map(|rg| {
+                        rg.column(*leaf)
+                            .statistics()
+                            .and_then(|s| s.null_count_opt())
+                    })
                     .sum::<Option<u64>>(),
                 _ => None,
             };
