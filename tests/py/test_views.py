@@ -25,10 +25,12 @@ BIN = os.environ.get("STAGEFS_BIN", os.path.join(ROOT, "target", "debug", "stage
 IMG_EXT = (".jpg", ".jpeg", ".png")
 
 # Pixel tolerance vs Pillow (decode, convert("RGB"), resize(BILINEAR) to the torchvision size,
-# center crop), measured on the generated images: the resampling reproduces Pillow's
-# fixed-point filter, the JPEG IDCT (zune-jpeg vs libjpeg-turbo) differs by a few levels.
-MAX_ABS_DIFF = 16
-MEAN_ABS_DIFF = 1.0
+# center crop), measured on the generated images: PNGs match to 1 level (the resampling
+# reproduces Pillow's fixed-point filter); JPEGs differ by at most 4 levels, mean < 0.5, from
+# the IDCT/upsampling of zune-jpeg vs Pillow's libjpeg-turbo. The bounds leave a small margin.
+MAX_ABS_DIFF_PNG = 1
+MAX_ABS_DIFF_JPEG = 6
+MEAN_ABS_DIFF = 0.75
 
 
 def run(*args, check=True):
@@ -181,7 +183,8 @@ def test_pixels_match_pillow_within_tolerance(dataset):
         ref = pillow_reference(path, 224).astype(int)
         diff = np.abs(images[i].astype(int) - ref)
         worst.append((diff.max(), diff.mean(), rel))
-        assert diff.max() <= MAX_ABS_DIFF and diff.mean() <= MEAN_ABS_DIFF, (rel, diff.max(), diff.mean())
+        bound = MAX_ABS_DIFF_PNG if rel.lower().endswith(".png") else MAX_ABS_DIFF_JPEG
+        assert diff.max() <= bound and diff.mean() <= MEAN_ABS_DIFF, (rel, diff.max(), diff.mean())
     print("max/mean abs diff vs Pillow:", sorted(worst, reverse=True)[:5])
     assert len(worst) >= 15
 
