@@ -4,4 +4,18 @@
 //! and decoders get their input bytes from the caller, so the mount feeds them from the scratch
 //! cache and `stagefs convert` from plain files.
 
+pub mod error;
+pub mod image;
 pub mod npy;
+pub mod source;
+pub mod table;
+pub mod tree;
+pub mod view;
+pub mod viewset;
+pub mod write;
+
+pub use error::ViewError;
+pub use source::{ByteSource, DirSource, EntryKind, SourceEntry};
+pub use tree::{ImageFolder, TableFormat, ViewDir, ViewTree};
+pub use view::{View, ViewOptions};
+pub use viewset::{open_view, table_entries, ViewEntry, ViewKind, ViewSet};

@@ -1,0 +1,540 @@
+//! Tables (Parquet, CSV) as arrays: a directory with `<column>.npy` per numeric or boolean
+//! column, `features.npy` (float32 `[rows, k]`) and `schema.json`.
+//!
+//! A table is split into *blocks* of rows that can be decoded on their own: Parquet row groups,
+//! or runs of [`csv::BLOCK_ROWS`] CSV records found by one indexing pass. Sizes come from the
+//! metadata (row counts, and null counts that decide whether an integer column must widen to
+//! float64); a read of rows i..j decodes only the blocks it touches and only the columns it
+//! needs, and the last rendered blocks are kept ([`CACHE_BYTES`]) so neighbouring reads reuse
+//! them.
+
+pub mod csv;
+pub mod parquet;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::cast;
+use arrow::datatypes::{
+    DataType, Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use serde_json::json;
+
+use crate::error::ViewError;
+use crate::npy::{DType, NpyHeader};
+use crate::source::ByteSource;
+use crate::tree::TableFormat;
+use crate::view::{read_rows, BytesView, View};
+
+/// Rendered blocks kept per table (bytes): a few row groups of a wide table.
+pub const CACHE_BYTES: usize = 64 << 20;
+
+/// Name of the matrix of all numeric columns.
+pub const FEATURES: &str = "features.npy";
+/// Name of the table description.
+pub const SCHEMA: &str = "schema.json";
+
+/// Decodes blocks of rows of one table.
+pub(crate) trait BlockReader: Send + Sync {
+    /// The columns `cols` (indices into the table's columns, increasing) of block `b`.
+    fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String>;
+}
+
+/// How one source column appears in the view.
+#[derive(Clone, Debug)]
+pub struct ColumnPlan {
+    /// Column name in the source.
+    pub name: String,
+    /// Arrow type of the source column.
+    pub source_type: DataType,
+    /// Null values in the column.
+    pub nulls: u64,
+    /// Element type of its `.npy` file, None when skipped.
+    pub dtype: Option<DType>,
+    /// Its file name in the table directory, None when skipped.
+    pub file: Option<String>,
+    /// Why it has no file.
+    pub skipped: Option<String>,
+}
+
+impl ColumnPlan {
+    /// Plans a column of `source_type` with `nulls` nulls.
+    pub fn new(name: String, source_type: DataType, nulls: u64) -> Self {
+        let widened = |d: DType| if nulls > 0 { DType::F64 } else { d };
+        let dtype = match &source_type {
+            DataType::Boolean => Some(widened(DType::Bool)),
+            DataType::Int8 => Some(widened(DType::I8)),
+            DataType::Int16 => Some(widened(DType::I16)),
+            DataType::Int32 => Some(widened(DType::I32)),
+            DataType::Int64 => Some(widened(DType::I64)),
+            DataType::UInt8 => Some(widened(DType::U8)),
+            DataType::UInt16 => Some(widened(DType::U16)),
+            DataType::UInt32 => Some(widened(DType::U32)),
+            DataType::UInt64 => Some(widened(DType::U64)),
+            DataType::Float16 => Some(DType::F16),
+            DataType::Float32 => Some(DType::F32),
+            DataType::Float64 => Some(DType::F64),
+            _ => None,
+        };
+        let skipped = dtype
+            .is_none()
+            .then(|| format!("type {source_type} is not numeric or boolean"));
+        ColumnPlan {
+            name,
+            source_type,
+            nulls,
+            dtype,
+            file: None,
+            skipped,
+        }
+    }
+}
+
+/// Gives every viewed column a distinct file name: the column name with `/` and NUL replaced
+/// by `_`, plus `.npy`; names that collide (with each other or with `features.npy` /
+/// `schema.json`) get `_<index>` appended.
+fn assign_files(columns: &mut [ColumnPlan]) {
+    let mut used: Vec<String> = vec![FEATURES.into(), SCHEMA.into()];
+    for (i, c) in columns.iter_mut().enumerate() {
+        if c.dtype.is_none() {
+            continue;
+        }
+        let base: String = c
+            .name
+            .chars()
+            .map(|ch| if ch == '/' || ch == '\0' { '_' } else { ch })
+            .collect();
+        let base = if base.is_empty() || base == "." || base == ".." {
+            format!("column_{i}")
+        } else {
+            base
+        };
+        let mut file = format!("{base}.npy");
+        if used.contains(&file) {
+            file = format!("{base}_{i}.npy");
+        }
+        used.push(file.clone());
+        c.file = Some(file);
+    }
+}
+
+/// What a cached block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Column(usize),
+    Features,
+}
+
+/// A cached rendered block: (block, part) and its bytes.
+type BlockEntry = ((usize, Part), Arc<Vec<u8>>);
+
+/// An opened table: metadata parsed once, blocks decoded on demand.
+pub struct Table {
+    rel: PathBuf,
+    format: TableFormat,
+    rows: u64,
+    columns: Vec<ColumnPlan>,
+    /// First row of each block, then the row count: `blocks + 1` entries.
+    block_starts: Vec<u64>,
+    reader: Box<dyn BlockReader>,
+    cache: Mutex<VecDeque<BlockEntry>>,
+}
+
+impl Table {
+    /// Opens the table at `rel` (reads the Parquet footer, or indexes the CSV).
+    pub fn open(
+        src: Arc<dyn ByteSource>,
+        rel: &Path,
+        format: TableFormat,
+    ) -> Result<Table, ViewError> {
+        let (columns, block_starts, reader) = match format {
+            TableFormat::Parquet => parquet::open(src, rel)?,
+            TableFormat::Csv => csv::open(src, rel)?,
+        };
+        Ok(Table::new(rel, format, columns, block_starts, reader))
+    }
+
+    fn new(
+        rel: &Path,
+        format: TableFormat,
+        mut columns: Vec<ColumnPlan>,
+        block_starts: Vec<u64>,
+        reader: Box<dyn BlockReader>,
+    ) -> Table {
+        assign_files(&mut columns);
+        let rows = block_starts.last().copied().unwrap_or(0);
+        Table {
+            rel: rel.to_path_buf(),
+            format,
+            rows,
+            columns,
+            block_starts,
+            reader,
+            cache: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The columns, in source order.
+    pub fn columns(&self) -> &[ColumnPlan] {
+        &self.columns
+    }
+
+    fn feature_cols(&self) -> Vec<usize> {
+        (0..self.columns.len())
+            .filter(|&i| self.columns[i].dtype.is_some())
+            .collect()
+    }
+
+    fn column_header(&self, c: usize) -> Option<NpyHeader> {
+        Some(NpyHeader::new(self.columns[c].dtype?, vec![self.rows]))
+    }
+
+    fn features_header(&self) -> NpyHeader {
+        NpyHeader::new(
+            DType::F32,
+            vec![self.rows, self.feature_cols().len() as u64],
+        )
+    }
+
+    /// `schema.json`: rows, and per column its name, dtype and file or why it was skipped.
+    pub fn schema_json(&self) -> Vec<u8> {
+        let cols: Vec<serde_json::Value> = self
+            .columns
+            .iter()
+            .map(|c| match (&c.file, c.dtype) {
+                (Some(file), Some(dtype)) => json!({
+                    "name": c.name, "source_type": c.source_type.to_string(), "nulls": c.nulls,
+                    "dtype": dtype.name(), "file": file,
+                }),
+                _ => json!({
+                    "name": c.name, "source_type": c.source_type.to_string(), "nulls": c.nulls,
+                    "skipped": c.skipped.clone().unwrap_or_default(),
+                }),
+            })
+            .collect();
+        let features: Vec<&str> = self
+            .feature_cols()
+            .iter()
+            .map(|&i| self.columns[i].name.as_str())
+            .collect();
+        let doc = json!({
+            "source": self.rel.to_string_lossy(),
+            "format": match self.format { TableFormat::Parquet => "parquet", TableFormat::Csv => "csv" },
+            "rows": self.rows,
+            "columns": cols,
+            "features": { "file": FEATURES, "dtype": "float32", "columns": features },
+        });
+        let mut out = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+
+    /// The files of the table's directory with their sizes, in listing order.
+    pub fn entries(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (i, c) in self.columns.iter().enumerate() {
+            if let (Some(file), Some(h)) = (&c.file, self.column_header(i)) {
+                out.push((file.clone(), h.file_len()));
+            }
+        }
+        out.push((FEATURES.to_string(), self.features_header().file_len()));
+        out.push((SCHEMA.to_string(), self.schema_json().len() as u64));
+        out
+    }
+
+    /// The view of file `name` of this table's directory.
+    pub fn view(self: &Arc<Self>, name: &str) -> Option<Arc<dyn View>> {
+        if name == SCHEMA {
+            return Some(Arc::new(BytesView::new(self.schema_json())));
+        }
+        if name == FEATURES {
+            let header = self.features_header();
+            return Some(Arc::new(TableView {
+                table: self.clone(),
+                part: Part::Features,
+                header,
+            }));
+        }
+        let c = self
+            .columns
+            .iter()
+            .position(|c| c.file.as_deref() == Some(name))?;
+        let header = self.column_header(c)?;
+        Some(Arc::new(TableView {
+            table: self.clone(),
+            part: Part::Column(c),
+            header,
+        }))
+    }
+
+    fn corrupt(&self, reason: impl ToString) -> ViewError {
+        ViewError::corrupt(&self.rel, reason)
+    }
+
+    /// Rendered bytes of `part` for block `b`, from the cache or decoded now.
+    fn block(&self, b: usize, part: Part) -> Result<Arc<Vec<u8>>, ViewError> {
+        if let Ok(cache) = self.cache.lock() {
+            if let Some((_, v)) = cache.iter().find(|(k, _)| *k == (b, part)) {
+                return Ok(v.clone());
+            }
+        }
+        let rows = (self.block_starts[b + 1] - self.block_starts[b]) as usize;
+        let bytes = match part {
+            Part::Column(c) => {
+                let dtype = self.columns[c]
+                    .dtype
+                    .ok_or_else(|| self.corrupt("internal: skipped column"))?;
+                let arrays = self
+                    .reader
+                    .read_block(b, &[c])
+                    .map_err(|e| self.corrupt(e))?;
+                let arr = arrays
+                    .first()
+                    .ok_or_else(|| self.corrupt("block has no column"))?;
+                if arr.len() != rows {
+                    return Err(self.corrupt(format!(
+                        "row group {b} has {} rows, metadata says {rows}",
+                        arr.len()
+                    )));
+                }
+                column_bytes(arr, dtype).map_err(|e| self.corrupt(e))?
+            }
+            Part::Features => {
+                let cols = self.feature_cols();
+                let arrays = if cols.is_empty() {
+                    Vec::new()
+                } else {
+                    self.reader
+                        .read_block(b, &cols)
+                        .map_err(|e| self.corrupt(e))?
+                };
+                features_bytes(&arrays, rows).map_err(|e| self.corrupt(e))?
+            }
+        };
+        let bytes = Arc::new(bytes);
+        if let Ok(mut cache) = self.cache.lock() {
+            let mut total: usize = cache.iter().map(|(_, v)| v.len()).sum::<usize>() + bytes.len();
+            while total > CACHE_BYTES {
+                let Some((_, old)) = cache.pop_front() else {
+                    break;
+                };
+                total -= old.len();
+            }
+            cache.push_back(((b, part), bytes.clone()));
+        }
+        Ok(bytes)
+    }
+
+    /// Renders rows `[first, first + n)` of `part` (`row_bytes` each) into `out`.
+    fn fill(
+        &self,
+        part: Part,
+        row_bytes: u64,
+        first: u64,
+        n: u64,
+        out: &mut [u8],
+    ) -> Result<(), ViewError> {
+        let mut row = first;
+        let end = first + n;
+        let mut pos = 0usize;
+        while row < end {
+            // Block containing `row`: the last start <= row.
+            let b = self
+                .block_starts
+                .partition_point(|&s| s <= row)
+                .saturating_sub(1);
+            let (bs, be) = (self.block_starts[b], self.block_starts[b + 1]);
+            let rendered = self.block(b, part)?;
+            let take = be.min(end) - row;
+            let from = ((row - bs) * row_bytes) as usize;
+            let len = (take * row_bytes) as usize;
+            let src = rendered
+                .get(from..from + len)
+                .ok_or_else(|| self.corrupt("block shorter than its rows"))?;
+            out[pos..pos + len].copy_from_slice(src);
+            pos += len;
+            row += take;
+        }
+        Ok(())
+    }
+}
+
+/// One file of a table directory: `<column>.npy` or `features.npy`.
+struct TableView {
+    table: Arc<Table>,
+    part: Part,
+    header: NpyHeader,
+}
+
+impl TableView {
+    fn row_bytes(&self) -> u64 {
+        self.header.row_bytes()
+    }
+}
+
+impl View for TableView {
+    fn len(&self) -> u64 {
+        self.header.file_len()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
+        let header = self.header.encode();
+        let row_bytes = self.row_bytes();
+        read_rows(
+            &header,
+            row_bytes,
+            self.table.rows,
+            offset,
+            buf,
+            &|first, n, out| self.table.fill(self.part, row_bytes, first, n, out),
+        )
+    }
+
+    fn chunk_len(&self) -> u64 {
+        // One average block of rows, at least 64 KiB.
+        let blocks = (self.table.block_starts.len().max(2) - 1) as u64;
+        (self.table.rows / blocks * self.row_bytes()).max(64 << 10)
+    }
+}
+
+/// Little-endian bytes of `arr` as `dtype`; nulls become NaN (floats) or 0.
+fn column_bytes(arr: &ArrayRef, dtype: DType) -> Result<Vec<u8>, String> {
+    let target = arrow_type(dtype);
+    let arr = cast(arr, &target).map_err(|e| format!("cannot convert to {}: {e}", dtype.name()))?;
+    let mut out: Vec<u8> = match dtype {
+        DType::Bool => arr.as_boolean().values().iter().map(u8::from).collect(),
+        DType::I8 => arr
+            .as_primitive::<Int8Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I16 => arr
+            .as_primitive::<Int16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I32 => arr
+            .as_primitive::<Int32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::I64 => arr
+            .as_primitive::<Int64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U8 => arr
+            .as_primitive::<UInt8Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U16 => arr
+            .as_primitive::<UInt16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U32 => arr
+            .as_primitive::<UInt32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::U64 => arr
+            .as_primitive::<UInt64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F16 => arr
+            .as_primitive::<Float16Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F32 => arr
+            .as_primitive::<Float32Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+        DType::F64 => arr
+            .as_primitive::<Float64Type>()
+            .values()
+            .inner()
+            .as_slice()
+            .to_vec(),
+    };
+    if let Some(nulls) = arr.nulls().filter(|n| n.null_count() > 0) {
+        let size = dtype.size();
+        let fill: &[u8] = match dtype {
+            DType::F16 => &[0x00, 0x7E],
+            DType::F32 => &f32::NAN.to_le_bytes(),
+            DType::F64 => &f64::NAN.to_le_bytes(),
+            DType::Bool | DType::I8 | DType::U8 => &[0],
+            DType::I16 | DType::U16 => &[0; 2],
+            DType::I32 | DType::U32 => &[0; 4],
+            DType::I64 | DType::U64 => &[0; 8],
+        };
+        let fill = fill.to_vec();
+        for i in (0..arr.len()).filter(|&i| nulls.is_null(i)) {
+            out[i * size..(i + 1) * size].copy_from_slice(&fill);
+        }
+    }
+    Ok(out)
+}
+
+/// Row-major float32 bytes of `arrays` (all `rows` long); nulls become NaN.
+fn features_bytes(arrays: &[ArrayRef], rows: usize) -> Result<Vec<u8>, String> {
+    let k = arrays.len();
+    let mut out = vec![0u8; rows * k * 4];
+    for (j, arr) in arrays.iter().enumerate() {
+        if arr.len() != rows {
+            return Err(format!("column has {} rows, expected {rows}", arr.len()));
+        }
+        let f =
+            cast(arr, &DataType::Float32).map_err(|e| format!("cannot convert to float32: {e}"))?;
+        let f = f.as_primitive::<Float32Type>();
+        let values = f.values();
+        let nulls = f.nulls().filter(|n| n.null_count() > 0);
+        for r in 0..rows {
+            let v = match nulls {
+                Some(n) if n.is_null(r) => f32::NAN,
+                _ => values[r],
+            };
+            let at = (r * k + j) * 4;
+            out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(out)
+}
+
+fn arrow_type(dtype: DType) -> DataType {
+    match dtype {
+        DType::Bool => DataType::Boolean,
+        DType::I8 => DataType::Int8,
+        DType::I16 => DataType::Int16,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::U8 => DataType::UInt8,
+        DType::U16 => DataType::UInt16,
+        DType::U32 => DataType::UInt32,
+        DType::U64 => DataType::UInt64,
+        DType::F16 => DataType::Float16,
+        DType::F32 => DataType::Float32,
+        DType::F64 => DataType::Float64,
+    }
+}

@@ -1,0 +1,242 @@
+//! [`ViewSet`]: the whole `.npy/` namespace of one source, with the parsed metadata of every
+//! table and image folder cached so that `stat`, `readdir` and repeated opens never re-parse.
+//! This is what the mount holds; the free functions [`open_view`] and [`table_entries`] do the
+//! same work without the caches.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::error::ViewError;
+use crate::image::{image_file_view, images_len, ImagesView};
+use crate::source::ByteSource;
+use crate::table::Table;
+use crate::tree::{ImageFolder, Node, TableFormat, ViewTree};
+use crate::view::{View, ViewOptions};
+
+/// What a path under `.npy/` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ViewKind {
+    /// A directory.
+    Dir,
+    /// A file of this many bytes.
+    File(u64),
+}
+
+/// One entry of [`ViewSet::read_dir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewEntry {
+    /// Name within the directory.
+    pub name: OsString,
+    /// Directory or file (with its exact size).
+    pub kind: ViewKind,
+}
+
+type TableSlot = Arc<Mutex<Option<Result<Arc<Table>, (PathBuf, String)>>>>;
+
+/// The `.npy/` namespace of one source with cached metadata; cheap to share across threads.
+pub struct ViewSet {
+    src: Arc<dyn ByteSource>,
+    tree: ViewTree,
+    opts: ViewOptions,
+    tables: Mutex<HashMap<PathBuf, TableSlot>>,
+    folders: Mutex<HashMap<usize, Arc<ImageFolder>>>,
+    images: Mutex<HashMap<usize, Arc<ImagesView>>>,
+}
+
+impl ViewSet {
+    /// Scans `src` (directory listings only) and prepares its views.
+    pub fn new(src: Arc<dyn ByteSource>, opts: ViewOptions) -> Result<ViewSet, ViewError> {
+        let tree = ViewTree::scan(src.as_ref())?;
+        Ok(ViewSet::with_tree(src, tree, opts))
+    }
+
+    /// Views of `src` over an already scanned `tree`.
+    pub fn with_tree(src: Arc<dyn ByteSource>, tree: ViewTree, opts: ViewOptions) -> ViewSet {
+        ViewSet {
+            src,
+            tree,
+            opts,
+            tables: Mutex::new(HashMap::new()),
+            folders: Mutex::new(HashMap::new()),
+            images: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The scanned tree.
+    pub fn tree(&self) -> &ViewTree {
+        &self.tree
+    }
+
+    /// The options views are rendered with.
+    pub fn options(&self) -> &ViewOptions {
+        &self.opts
+    }
+
+    /// The opened table at source path `rel` (footer / CSV index parsed once, then cached;
+    /// a corrupt table's error is cached and reported to `on_bad` once).
+    pub fn table(&self, rel: &Path, format: TableFormat) -> Result<Arc<Table>, ViewError> {
+        let slot = {
+            let mut map = self.tables.lock().map_err(|_| poisoned())?;
+            map.entry(rel.to_path_buf()).or_default().clone()
+        };
+        let mut guard = slot.lock().map_err(|_| poisoned())?;
+        match &*guard {
+            Some(Ok(t)) => return Ok(t.clone()),
+            Some(Err((p, reason))) => return Err(ViewError::corrupt(p, reason)),
+            None => {}
+        }
+        match Table::open(self.src.clone(), rel, format) {
+            Ok(t) => {
+                let t = Arc::new(t);
+                *guard = Some(Ok(t.clone()));
+                Ok(t)
+            }
+            Err(ViewError::Corrupt { path, reason }) => {
+                self.opts.report_bad(&path, &reason);
+                *guard = Some(Err((path.clone(), reason.clone())));
+                Err(ViewError::Corrupt { path, reason })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn folder(&self, idx: usize) -> Result<Arc<ImageFolder>, ViewError> {
+        let mut map = self.folders.lock().map_err(|_| poisoned())?;
+        if let Some(f) = map.get(&idx) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(
+            self.tree
+                .image_folder(idx)
+                .ok_or_else(|| ViewError::NotFound(PathBuf::new()))?,
+        );
+        map.insert(idx, f.clone());
+        Ok(f)
+    }
+
+    /// Directory or file (with exact size) at `rel` under `.npy/`.
+    pub fn stat(&self, rel: &Path) -> Result<ViewKind, ViewError> {
+        let not_found = || ViewError::NotFound(rel.to_path_buf());
+        match self.tree.lookup(rel).ok_or_else(not_found)? {
+            Node::Dir(_) | Node::TableDir(..) => Ok(ViewKind::Dir),
+            Node::ImageFile(idx, "images.npy") => {
+                let dir = self.tree.dir_at(idx).ok_or_else(not_found)?;
+                Ok(ViewKind::File(images_len(
+                    dir.samples,
+                    self.opts.image_size,
+                )))
+            }
+            Node::ImageFile(..) | Node::TableFile(..) => Ok(ViewKind::File(self.open(rel)?.len())),
+        }
+    }
+
+    /// Entries of the directory `rel` under `.npy/`, with exact file sizes. A corrupt table's
+    /// directory fails with [`ViewError::Corrupt`].
+    pub fn read_dir(&self, rel: &Path) -> Result<Vec<ViewEntry>, ViewError> {
+        let not_found = || ViewError::NotFound(rel.to_path_buf());
+        match self.tree.lookup(rel).ok_or_else(not_found)? {
+            Node::Dir(idx) => {
+                let dir = self.tree.dir_at(idx).ok_or_else(not_found)?;
+                let mut out = Vec::new();
+                for (name, is_dir) in dir.entry_names() {
+                    let kind = if is_dir {
+                        ViewKind::Dir
+                    } else {
+                        self.stat(&rel.join(&name))?
+                    };
+                    out.push(ViewEntry { name, kind });
+                }
+                Ok(out)
+            }
+            Node::TableDir(src_rel, fmt) => Ok(self
+                .table(&src_rel, fmt)?
+                .entries()
+                .into_iter()
+                .map(|(name, len)| ViewEntry {
+                    name: name.into(),
+                    kind: ViewKind::File(len),
+                })
+                .collect()),
+            Node::TableFile(..) | Node::ImageFile(..) => Err(not_found()),
+        }
+    }
+
+    /// The view of the file `rel` under `.npy/` (cached for `images.npy`).
+    pub fn open(&self, rel: &Path) -> Result<Arc<dyn View>, ViewError> {
+        let not_found = || ViewError::NotFound(rel.to_path_buf());
+        match self.tree.lookup(rel).ok_or_else(not_found)? {
+            Node::Dir(_) | Node::TableDir(..) => Err(not_found()),
+            Node::TableFile(src_rel, fmt, name) => {
+                self.table(&src_rel, fmt)?.view(&name).ok_or_else(not_found)
+            }
+            Node::ImageFile(idx, "images.npy") => {
+                let mut map = self.images.lock().map_err(|_| poisoned())?;
+                if let Some(v) = map.get(&idx) {
+                    return Ok(v.clone());
+                }
+                let v = Arc::new(ImagesView::new(
+                    self.src.clone(),
+                    self.folder(idx)?,
+                    self.opts.clone(),
+                ));
+                map.insert(idx, v.clone());
+                Ok(v)
+            }
+            Node::ImageFile(idx, name) => {
+                let folder = self.folder(idx)?;
+                Ok(Arc::new(
+                    image_file_view(&folder, name).ok_or_else(not_found)?,
+                ))
+            }
+        }
+    }
+}
+
+fn poisoned() -> ViewError {
+    ViewError::Io(std::io::Error::other(
+        "a view lock was poisoned by an earlier panic",
+    ))
+}
+
+/// The view of the file `rel` under `.npy/`, built afresh (no caching across calls).
+pub fn open_view(
+    src: Arc<dyn ByteSource>,
+    tree: &ViewTree,
+    rel: &Path,
+    opts: &ViewOptions,
+) -> Result<Arc<dyn View>, ViewError> {
+    let not_found = || ViewError::NotFound(rel.to_path_buf());
+    match tree.lookup(rel).ok_or_else(not_found)? {
+        Node::Dir(_) | Node::TableDir(..) => Err(not_found()),
+        Node::TableFile(src_rel, fmt, name) => Arc::new(Table::open(src, &src_rel, fmt)?)
+            .view(&name)
+            .ok_or_else(not_found),
+        Node::ImageFile(idx, name) => {
+            let folder = tree.image_folder(idx).ok_or_else(not_found)?;
+            if name == "images.npy" {
+                return Ok(Arc::new(ImagesView::new(
+                    src,
+                    Arc::new(folder),
+                    opts.clone(),
+                )));
+            }
+            Ok(Arc::new(
+                image_file_view(&folder, name).ok_or_else(not_found)?,
+            ))
+        }
+    }
+}
+
+/// Files (name, size) of the directory of the table at source path `rel`.
+pub fn table_entries(
+    src: Arc<dyn ByteSource>,
+    rel: &Path,
+) -> Result<Vec<(String, u64)>, ViewError> {
+    let format = rel
+        .file_name()
+        .and_then(TableFormat::of)
+        .ok_or_else(|| ViewError::NotFound(rel.to_path_buf()))?;
+    Ok(Table::open(src, rel, format)?.entries())
+}

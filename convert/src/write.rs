@@ -1,0 +1,132 @@
+//! Writing the `.npy/` tree as real files (`stagefs convert --to npy`): every byte comes from
+//! the same [`View::read_at`] the mount serves, so the two are identical by construction.
+//!
+//! Each file is written to a hidden temporary name next to its destination and renamed into
+//! place when complete, so an interrupted run never leaves a partial file under a final name.
+//! Chunks of a file are rendered in parallel (rayon) and written with positioned writes.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::error::ViewError;
+use crate::viewset::{ViewKind, ViewSet};
+
+/// Smallest unit of parallel work (bytes): keeps per-task overhead small for column files.
+const MIN_CHUNK: u64 = 1 << 20;
+
+/// One output file.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// Path under `.npy/` (and under the output directory).
+    pub rel: PathBuf,
+    /// Size in bytes.
+    pub len: u64,
+}
+
+/// What [`plan`] found: files to write, and inputs that cannot be viewed at all.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Directories to create (relative), parents first.
+    pub dirs: Vec<PathBuf>,
+    /// Files to write.
+    pub files: Vec<Planned>,
+    /// (source path, reason) of tables that could not be opened.
+    pub bad: Vec<(PathBuf, String)>,
+}
+
+impl Plan {
+    /// Total bytes of all files.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.len).sum()
+    }
+}
+
+/// Lists every directory and file of the `.npy/` tree (opens tables to learn their columns).
+pub fn plan(set: &ViewSet) -> Result<Plan, ViewError> {
+    let mut plan = Plan::default();
+    walk(set, PathBuf::new(), &mut plan)?;
+    Ok(plan)
+}
+
+fn walk(set: &ViewSet, rel: PathBuf, plan: &mut Plan) -> Result<(), ViewError> {
+    let entries = match set.read_dir(&rel) {
+        Ok(e) => e,
+        Err(ViewError::Corrupt { path, reason }) => {
+            plan.bad.push((path, reason));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    plan.dirs.push(rel.clone());
+    for e in entries {
+        let child = rel.join(&e.name);
+        match e.kind {
+            ViewKind::Dir => walk(set, child, plan)?,
+            ViewKind::File(len) => plan.files.push(Planned { rel: child, len }),
+        }
+    }
+    Ok(())
+}
+
+/// Writes `file` under `out`; `progress(bytes)` is called as chunks land. A corrupt input
+/// (table, or image in strict mode) fails this file only and leaves no output for it.
+pub fn write_file(
+    set: &ViewSet,
+    out: &Path,
+    file: &Planned,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), ViewError> {
+    let view = set.open(&file.rel)?;
+    let dest = out.join(&file.rel);
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dest.with_file_name(format!(".{name}.stagefs-tmp"));
+    let result = (|| {
+        let f = File::create(&tmp)?;
+        let len = view.len();
+        f.set_len(len)?;
+        let chunk = view.chunk_len().max(MIN_CHUNK);
+        let chunks: Vec<u64> = (0..len.div_ceil(chunk)).collect();
+        chunks
+            .par_iter()
+            .try_for_each(|&i| -> Result<(), ViewError> {
+                let off = i * chunk;
+                let mut buf = vec![0u8; chunk.min(len - off) as usize];
+                let n = view.read_at(off, &mut buf)?;
+                if n != buf.len() {
+                    return Err(ViewError::Io(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{} ended at {} of {len} bytes",
+                            file.rel.display(),
+                            off + n as u64
+                        ),
+                    )));
+                }
+                f.write_all_at(&buf, off)?;
+                progress(n as u64);
+                Ok(())
+            })?;
+        f.sync_all()?;
+        fs::rename(&tmp, &dest)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Creates the plan's directories under `out`.
+pub fn create_dirs(plan: &Plan, out: &Path) -> io::Result<()> {
+    for d in &plan.dirs {
+        fs::create_dir_all(out.join(d))?;
+    }
+    Ok(())
+}
