@@ -27,10 +27,12 @@ use stagefs_prefetch::{
 };
 use tracing::{info, warn};
 
-use crate::control::{CONTROL_DIR, STATS_FILE};
+use crate::control::{CONTROL_DIR, STATS_FILE, VIEW_DIR};
 use crate::error::FsError;
 use crate::inode::{InodeTable, Node, ROOT};
 use crate::listing::Listings;
+use crate::views::{OpenView, Views};
+use stagefs_convert::ViewKind;
 
 /// Files after an opened small file that are fetched ahead (about 3 MB of 100 KB images: a
 /// DataLoader batch or two, enough to hide per-file latency without flooding the queue).
@@ -55,6 +57,10 @@ pub struct FsConfig {
     pub stage: bool,
     /// Cross-file prefetch depth (0 disables).
     pub cross_file: usize,
+    /// Side S of images in `.npy/` views.
+    pub image_size: u32,
+    /// A corrupt image fails view reads with EIO instead of reading as zeros.
+    pub strict_views: bool,
 }
 
 /// Type of a node, as the kernel needs it.
@@ -137,6 +143,7 @@ enum Handle {
         pinned: bool,
     },
     Bytes(Vec<u8>),
+    View(Arc<OpenView>),
 }
 
 /// The filesystem.
@@ -153,6 +160,7 @@ pub struct FsCore {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     cross_file: Option<SyncSender<PathBuf>>,
+    views: Mutex<Option<Arc<Views>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -243,6 +251,7 @@ impl FsCore {
         }
         Ok(Arc::new(FsCore {
             cross_file: (cfg.cross_file > 0).then_some(tx),
+            views: Mutex::new(None),
             cfg,
             inodes: InodeTable::default(),
             fetcher,
@@ -292,6 +301,37 @@ impl FsCore {
         s.cache_dir = self.cfg.cache_dir.display().to_string();
         s.source = self.cfg.source.display().to_string();
         s
+    }
+
+    /// The `.npy/` views, scanning the source on first use.
+    fn views(&self) -> Result<Arc<Views>, FsError> {
+        let mut slot = lock(&self.views);
+        if let Some(v) = slot.as_ref() {
+            return Ok(v.clone());
+        }
+        let v = Views::new(
+            &self.cfg.source,
+            self.fetcher.clone(),
+            self.cfg.image_size,
+            self.cfg.strict_views,
+        )?;
+        *slot = Some(v.clone());
+        Ok(v)
+    }
+
+    fn view_attr(&self, ino: u64, kind: ViewKind) -> Attr {
+        match kind {
+            ViewKind::Dir => self.virtual_attr(ino, Kind::Dir, 0),
+            ViewKind::File(len) => self.virtual_attr(ino, Kind::File, len),
+        }
+    }
+
+    fn view_node(&self, rel: PathBuf, kind: ViewKind) -> Attr {
+        let node = match kind {
+            ViewKind::Dir => Node::ViewDir(rel),
+            ViewKind::File(_) => Node::ViewFile(rel),
+        };
+        self.view_attr(self.inodes.ino(node), kind)
     }
 
     fn node(&self, ino: u64) -> Result<Node, FsError> {
@@ -365,7 +405,12 @@ impl FsCore {
             }
             Node::ControlDir => Ok(self.virtual_attr(ino, Kind::Dir, 0)),
             Node::Stats => Ok(self.virtual_attr(ino, Kind::File, self.stats_json().len() as u64)),
-            Node::ViewDir(_) | Node::ViewFile(_) => Err(FsError::NotFound),
+            Node::ViewDir(rel) if rel.as_os_str().is_empty() => {
+                Ok(self.virtual_attr(ino, Kind::Dir, 0))
+            }
+            Node::ViewDir(rel) | Node::ViewFile(rel) => {
+                Ok(self.view_attr(ino, self.views()?.stat(&rel)?))
+            }
         }
     }
 
@@ -377,6 +422,10 @@ impl FsCore {
                     let ino = self.inodes.ino(Node::ControlDir);
                     return self.getattr(ino);
                 }
+                if rel.as_os_str().is_empty() && name == VIEW_DIR {
+                    let ino = self.inodes.ino(Node::ViewDir(PathBuf::new()));
+                    return Ok(self.virtual_attr(ino, Kind::Dir, 0));
+                }
                 let child = rel.join(name);
                 let meta = fs::symlink_metadata(self.source_path(&child)).map_err(not_found)?;
                 let ino = self.inodes.ino(Node::Source(child));
@@ -385,7 +434,11 @@ impl FsCore {
             Node::ControlDir if name == STATS_FILE => self.getattr(self.inodes.ino(Node::Stats)),
             Node::ControlDir => Err(FsError::NotFound),
             Node::Stats | Node::ViewFile(_) => Err(FsError::NotDir),
-            Node::ViewDir(_) => Err(FsError::NotFound),
+            Node::ViewDir(rel) => {
+                let child = rel.join(name);
+                let kind = self.views()?.stat(&child)?;
+                Ok(self.view_node(child, kind))
+            }
         }
     }
 
@@ -400,6 +453,11 @@ impl FsCore {
                         kind: Kind::Dir,
                         name: CONTROL_DIR.into(),
                     });
+                    out.push(DirEntry {
+                        ino: self.inodes.ino(Node::ViewDir(PathBuf::new())),
+                        kind: Kind::Dir,
+                        name: VIEW_DIR.into(),
+                    });
                 }
                 let dir = fs::read_dir(self.source_path(&rel)).map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound => FsError::NotFound,
@@ -410,7 +468,7 @@ impl FsCore {
                 entries.sort_by_key(|e| e.file_name());
                 for e in entries {
                     let name = e.file_name();
-                    if rel.as_os_str().is_empty() && name == CONTROL_DIR {
+                    if rel.as_os_str().is_empty() && (name == CONTROL_DIR || name == VIEW_DIR) {
                         continue;
                     }
                     let kind = match e.file_type() {
@@ -433,7 +491,19 @@ impl FsCore {
                 name: STATS_FILE.into(),
             }]),
             Node::Stats | Node::ViewFile(_) => Err(FsError::NotDir),
-            Node::ViewDir(_) => Err(FsError::NotFound),
+            Node::ViewDir(rel) => {
+                let views = self.views()?;
+                let mut out = Vec::new();
+                for (name, kind) in views.read_dir(&rel)? {
+                    let attr = self.view_node(rel.join(&name), kind);
+                    out.push(DirEntry {
+                        ino: attr.ino,
+                        kind: attr.kind,
+                        name,
+                    });
+                }
+                Ok(out)
+            }
         }
     }
 
@@ -502,8 +572,9 @@ impl FsCore {
                 true,
                 None,
             ),
-            Node::ControlDir => return Err(FsError::IsDir),
-            Node::ViewDir(_) | Node::ViewFile(_) => return Err(FsError::NotFound),
+            Node::ControlDir | Node::ViewDir(_) => return Err(FsError::IsDir),
+            // Views are immutable for the life of the mount: keep the kernel's pages.
+            Node::ViewFile(rel) => (Handle::View(self.views()?.open(&rel)?), true, false, None),
         };
         let fh = self.next_fh.fetch_add(1, Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
@@ -538,6 +609,16 @@ impl FsCore {
                         e
                     })?;
                 Ok(data)
+            }
+            Handle::View(v) => {
+                let views = self.views()?;
+                Ok(views.read(v, offset, size as usize).inspect_err(|e| {
+                    let msg = format!("view read failed: {e}");
+                    if !self.stats.has_error(&msg) {
+                        warn!("{msg}");
+                        self.stats.error(msg);
+                    }
+                })?)
             }
             Handle::Bytes(bytes) => {
                 let start = (offset as usize).min(bytes.len());

@@ -2,6 +2,7 @@
 
 use std::io;
 
+use stagefs_convert::ViewError;
 use stagefs_prefetch::SourceError;
 use thiserror::Error;
 
@@ -39,6 +40,9 @@ pub enum FsError {
     /// A source read failed.
     #[error("{0}")]
     Source(SourceError),
+    /// A tensor view could not be listed, opened or rendered.
+    #[error("{0}")]
+    View(#[from] ViewError),
 }
 
 impl From<SourceError> for FsError {
@@ -66,7 +70,10 @@ impl FsError {
             FsError::Source(SourceError::Io { source, .. }) => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
-            FsError::Source(_) => libc::EIO,
+            FsError::Source(SourceError::Changed { .. } | SourceError::Gone { .. }) => libc::ESTALE,
+            FsError::View(ViewError::NotFound(_)) => libc::ENOENT,
+            FsError::View(ViewError::Corrupt { .. } | ViewError::Unsupported { .. }) => libc::EIO,
+            FsError::View(ViewError::Io(e)) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 }

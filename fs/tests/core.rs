@@ -20,6 +20,8 @@ fn core(src: &std::path::Path, cache: &std::path::Path) -> Arc<FsCore> {
         },
         stage: false,
         cross_file: 4,
+        image_size: 32,
+        strict_views: false,
     })
     .unwrap()
 }
@@ -49,7 +51,7 @@ fn lookup_getattr_readdir_read() {
         .into_iter()
         .map(|e| e.name)
         .collect();
-    assert_eq!(names, [".stagefs", "big", "d"]);
+    assert_eq!(names, [".stagefs", ".npy", "big", "d"]);
     let o = c.open(x.ino, false, false).unwrap();
     assert_eq!(c.read(o.fh, 6, 100).unwrap(), b"world");
     assert!(c.read(o.fh, 100, 10).unwrap().is_empty());

@@ -348,6 +348,8 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         },
         stage: !args.no_staging,
         cross_file: stagefs_fs::core::CROSS_FILE_COUNT,
+        image_size: args.image_size,
+        strict_views: args.strict_views,
     };
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
