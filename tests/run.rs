@@ -46,8 +46,15 @@ fn exit_status_is_returned_and_outputs_synced() {
     let script = format!("echo result > {}/r.txt; exit 7", out.display());
     let o = run_cmd(&spec, &[], &script).output().unwrap();
     assert_eq!(o.status.code(), Some(7), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(home.join("r.txt")).unwrap(), "result\n");
-    assert!(stderr(&o).contains("are in"), "says where outputs went: {}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(home.join("r.txt")).unwrap(),
+        "result\n"
+    );
+    assert!(
+        stderr(&o).contains("are in"),
+        "says where outputs went: {}",
+        stderr(&o)
+    );
 
     let o = run_cmd(&spec, &[], "kill -KILL $$").output().unwrap();
     assert_eq!(o.status.code(), Some(137), "128 + SIGKILL: {}", stderr(&o));
@@ -94,7 +101,10 @@ fn sigterm_forwards_then_final_sync_and_child_status() {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     // Written by the command's TERM handler, so only a sync after its exit can have copied it.
-    assert_eq!(std::fs::read_to_string(home.join("on_term.txt")).unwrap(), "saved\n");
+    assert_eq!(
+        std::fs::read_to_string(home.join("on_term.txt")).unwrap(),
+        "saved\n"
+    );
 }
 
 #[test]
@@ -112,7 +122,11 @@ fn sigterm_kills_a_command_that_ignores_it_after_the_grace() {
     signal(&child, libc::SIGTERM);
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{}", stderr(&o));
-    assert!(home.join("ready").exists(), "final sync ran: {}", stderr(&o));
+    assert!(
+        home.join("ready").exists(),
+        "final sync ran: {}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -131,18 +145,30 @@ fn sigusr1_is_forwarded_syncs_now_and_the_command_keeps_running() {
     wait_for(&out.join("ready"), "the command to start");
     signal(&child, libc::SIGUSR1);
     wait_for(&home.join("before"), "the SIGUSR1 sync");
-    wait_for(&out.join("on_usr1.txt"), "the command's USR1 handler (forwarding)");
-    assert!(child.try_wait().unwrap().is_none(), "run must keep going after SIGUSR1");
+    wait_for(
+        &out.join("on_usr1.txt"),
+        "the command's USR1 handler (forwarding)",
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "run must keep going after SIGUSR1"
+    );
     signal(&child, libc::SIGTERM);
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("SIGUSR1"), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(home.join("on_usr1.txt")).unwrap(), "ckpt\n");
+    assert_eq!(
+        std::fs::read_to_string(home.join("on_usr1.txt")).unwrap(),
+        "ckpt\n"
+    );
 }
 
 /// Whether `stagefs mount` is the real one (the stub has no `--cache`).
 fn mount_available() -> bool {
-    let o = Command::new(BIN).args(["mount", "--help"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["mount", "--help"])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&o.stdout).contains("--cache")
 }
 
@@ -180,6 +206,9 @@ fn mount_serves_the_command_and_is_gone_afterwards() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(std::fs::read_to_string(home.join("seen.csv")).unwrap(), "a,b\n1,2\n");
+    assert_eq!(
+        std::fs::read_to_string(home.join("seen.csv")).unwrap(),
+        "a,b\n1,2\n"
+    );
     assert!(!is_mounted(&mnt), "mount still present after run");
 }

@@ -39,7 +39,10 @@ fn copies_tree_keeps_mode_mtime_and_symlinks_then_skips_unchanged() {
     let o = sync(&src, &dst, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("4 copied"), "{}", stderr(&o));
-    assert_eq!(std::fs::read(dst.join("a/b/x.bin")).unwrap(), vec![7u8; 100_000]);
+    assert_eq!(
+        std::fs::read(dst.join("a/b/x.bin")).unwrap(),
+        vec![7u8; 100_000]
+    );
     let (s, d) = (
         std::fs::metadata(src.join("script.sh")).unwrap(),
         std::fs::metadata(dst.join("script.sh")).unwrap(),
@@ -68,13 +71,22 @@ fn verify_catches_same_size_and_mtime_with_other_bytes() {
     std::fs::write(src.join("f"), b"AAAA").unwrap();
     assert!(sync(&src, &dst, &[]).status.success());
     // Corrupt the copy but keep its size and mtime.
-    let mtime = std::fs::metadata(dst.join("f")).unwrap().modified().unwrap();
+    let mtime = std::fs::metadata(dst.join("f"))
+        .unwrap()
+        .modified()
+        .unwrap();
     std::fs::write(dst.join("f"), b"BBBB").unwrap();
-    let f = std::fs::File::options().write(true).open(dst.join("f")).unwrap();
+    let f = std::fs::File::options()
+        .write(true)
+        .open(dst.join("f"))
+        .unwrap();
     f.set_modified(mtime).unwrap();
     drop(f);
     let o = sync(&src, &dst, &[]);
-    assert!(stderr(&o).contains("0 copied"), "size+mtime alone cannot see it");
+    assert!(
+        stderr(&o).contains("0 copied"),
+        "size+mtime alone cannot see it"
+    );
     assert_eq!(std::fs::read(dst.join("f")).unwrap(), b"BBBB");
     let o = sync(&src, &dst, &["--verify"]);
     assert!(stderr(&o).contains("1 copied"), "{}", stderr(&o));
@@ -97,7 +109,11 @@ fn delete_removes_extras_and_leftover_temporaries_are_cleaned() {
     assert!(o.status.success());
     assert!(dst.join("old").exists(), "without --delete extras stay");
     assert!(!dst.join(".stagefs-tmp.99999999.0.old").exists());
-    assert!(stderr(&o).contains("1 leftover temporaries removed"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("1 leftover temporaries removed"),
+        "{}",
+        stderr(&o)
+    );
 
     let o = sync(&src, &dst, &["--delete"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -240,6 +256,10 @@ fn every_runs_a_last_pass_on_signal() {
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("SIGUSR1: running a last pass"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("SIGUSR1: running a last pass"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(std::fs::read(dst.join("late")).unwrap(), b"2");
 }

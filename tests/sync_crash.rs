@@ -46,11 +46,16 @@ fn write_version(src: &Path, version: usize, n: usize) -> BTreeMap<PathBuf, Vec<
         std::fs::write(&p, &data).unwrap();
         files.insert(rel, data);
     }
-    let extra = PathBuf::from(format!("new/v{version}.bin"));
-    let data = content(10_000, version, false);
+    // One file appears in each version and then stays unchanged.
     std::fs::create_dir_all(src.join("new")).unwrap();
-    std::fs::write(src.join(&extra), &data).unwrap();
-    files.insert(extra, data);
+    for v in 0..=version {
+        let extra = PathBuf::from(format!("new/v{v}.bin"));
+        let data = content(10_000 + v, 0, false);
+        if v == version {
+            std::fs::write(src.join(&extra), &data).unwrap();
+        }
+        files.insert(extra, data);
+    }
     files
 }
 
@@ -83,7 +88,13 @@ fn sigkill_at_random_moments_never_leaves_a_partial_file() {
     let mut version = 0;
     let mut old = write_version(&src, version, n);
     let t0 = Instant::now();
-    let st = Command::new(BIN).arg("sync").arg(&src).arg(&dst).arg("-q").status().unwrap();
+    let st = Command::new(BIN)
+        .arg("sync")
+        .arg(&src)
+        .arg(&dst)
+        .arg("-q")
+        .status()
+        .unwrap();
     assert!(st.success());
     let full = t0.elapsed();
     version += 1;
@@ -128,7 +139,11 @@ fn sigkill_at_random_moments_never_leaves_a_partial_file() {
                 n_old += 1;
             } else {
                 partial += 1;
-                eprintln!("PARTIAL or unexpected: {} ({} bytes)", rel.display(), data.len());
+                eprintln!(
+                    "PARTIAL or unexpected: {} ({} bytes)",
+                    rel.display(),
+                    data.len()
+                );
             }
         }
         if temps > 0 {
@@ -137,9 +152,9 @@ fn sigkill_at_random_moments_never_leaves_a_partial_file() {
         if n_old > 0 && n_new > 0 {
             mixed += 1;
         }
-        let complete = new.iter().all(|(rel, data)| {
-            std::fs::read(dst.join(rel)).ok().as_ref() == Some(data)
-        });
+        let complete = new
+            .iter()
+            .all(|(rel, data)| std::fs::read(dst.join(rel)).ok().as_ref() == Some(data));
         if done && complete {
             // A pass finished: start the next round with fresh versions of everything.
             finished += 1;
@@ -150,13 +165,27 @@ fn sigkill_at_random_moments_never_leaves_a_partial_file() {
     }
 
     // A re-run completes the job and removes every temporary.
-    let out = Command::new(BIN).arg("sync").arg(&src).arg(&dst).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .arg("sync")
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut found = Vec::new();
     all_files(&dst, &mut found);
     let temps_left = found.iter().filter(|p| is_temp(p)).count();
     for (rel, data) in &new {
-        assert_eq!(&std::fs::read(dst.join(rel)).unwrap(), data, "{}", rel.display());
+        assert_eq!(
+            &std::fs::read(dst.join(rel)).unwrap(),
+            data,
+            "{}",
+            rel.display()
+        );
     }
     eprintln!(
         "crash test: {kills} SIGKILLs during a pass ({runs} runs, {finished} rounds completed, \
