@@ -144,9 +144,14 @@ scancel "$TRAIN2"
 # --- 3. warned with USR1, then killed by the time limit.
 export SYNC_EVERY=10m # only the USR1 sync and the final sync can bring files home
 export TRAIN_CMD="python3 $ROOT/tests/slurm_train.py --data \"\$DATA\" --out \"\$OUT\" --steps 100000 --step-seconds 0.2"
-J=$(sbatch --parsable --cpus-per-task=1 --time=1 --output="$T/jobs/%x-%j.out" "$ROOT/scripts/train.sh")
+# A 1-minute limit is inside the template's 300 s warning window, so SLURM would send its own
+# USR1 at once; --signal=B:URG@1 replaces it with a signal that is ignored, so that the USR1
+# below (the one `scancel` sends) is the only one.
+J=$(sbatch --parsable --cpus-per-task=1 --time=1 --signal=B:URG@1 \
+  --output="$T/jobs/%x-%j.out" "$ROOT/scripts/train.sh")
 J=${J%%;*}
 check "long training job starts" wait_file "$SCRATCH_ROOT/$J/out/step-3.txt" 60
+check "no warning checkpoint before the warning" test ! -e "$SCRATCH_ROOT/$J/out/ckpt-usr1.txt"
 scancel --signal=USR1 --batch "$J"
 check "USR1 makes the trainer checkpoint and stagefs sync it while the job runs" \
   wait_file "$RUNS/$J/ckpt-usr1.txt" 30

@@ -13,17 +13,31 @@ const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 /// Effective kills (the process was still running when SIGKILL hit) required.
 const KILLS: usize = 60;
 
+/// Random bytes that file contents are cut from: generating every version with a
+/// cryptographic RNG in a debug build would dominate the test's run time.
+fn pool() -> &'static [u8] {
+    static POOL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut v = vec![0u8; 12 << 20];
+        rng.fill(&mut v[..]);
+        v
+    })
+}
+
 /// Deterministic content of file `i` at `version`: sizes vary with the version so both size and
-/// content change between versions.
+/// content change between versions; a header makes every (file, version) distinct.
 fn content(i: usize, version: usize, big: bool) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64((i as u64) << 20 | version as u64);
     let size = if big {
         (2 << 20) + rng.random_range(0..(3 << 20))
     } else {
-        rng.random_range(0..48 * 1024)
+        rng.random_range(16..48 * 1024)
     };
-    let mut v = vec![0u8; size];
-    rng.fill(&mut v[..]);
+    let pool = pool();
+    let off = rng.random_range(0..pool.len() - size);
+    let mut v = pool[off..off + size].to_vec();
+    v[..16].copy_from_slice(&[(i as u64).to_le_bytes(), (version as u64).to_le_bytes()].concat());
     v
 }
 

@@ -65,8 +65,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let stop = StopSignals::install(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
         .context("installing signal handlers")?;
     loop {
-        let report = pass(&syncer, &args.src, &args.dst, !args.quiet)?;
-        finish(&args.src, &args.dst, &report, args.quiet);
+        // A pass that cannot run (storage briefly unavailable) is reported and retried at the
+        // next period; only the last pass decides the exit code.
+        match pass(&syncer, &args.src, &args.dst, !args.quiet) {
+            Ok(report) => {
+                finish(&args.src, &args.dst, &report, args.quiet);
+            }
+            Err(e) => eprintln!("stagefs sync: pass failed: {e:#}; retrying in {every:?}"),
+        }
         if let Some(sig) = stop.received().or_else(|| stop.sleep(every)) {
             eprintln!("stagefs sync: {}: running a last pass", signals::name(sig));
             let report = pass(&syncer, &args.src, &args.dst, !args.quiet)?;
