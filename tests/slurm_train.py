@@ -46,8 +46,10 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
 
     lines = []
-    for root, _dirs, files in os.walk(a.data):
-        for name in sorted(files):
+    for root, dirs, files in os.walk(a.data):
+        # Skip hidden entries, as data loaders do: the mount adds a `.stagefs/` control dir.
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in sorted(f for f in files if not f.startswith(".")):
             path = os.path.join(root, name)
             with open(path, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
