@@ -263,3 +263,19 @@ fn every_runs_a_last_pass_on_signal() {
     );
     assert_eq!(std::fs::read(dst.join("late")).unwrap(), b"2");
 }
+
+/// A path that changed type (file <-> directory) in the source is replaced in the destination.
+#[test]
+fn type_changes_replace_the_destination_entry() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(src.join("x")).unwrap();
+    std::fs::write(src.join("x/inner"), b"i").unwrap();
+    std::fs::write(src.join("y"), b"now a file").unwrap();
+    std::fs::create_dir_all(dst.join("y/old")).unwrap();
+    std::fs::write(dst.join("x"), b"was a file").unwrap();
+    let o = sync(&src, &dst, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(dst.join("x/inner")).unwrap(), b"i");
+    assert_eq!(std::fs::read(dst.join("y")).unwrap(), b"now a file");
+}
