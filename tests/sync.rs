@@ -166,6 +166,7 @@ fn bad_arguments_get_clear_errors() {
 fn file_written_during_copy_is_never_installed_torn() {
     const SIZE: usize = 8 << 20;
     const CHUNK: usize = 256 << 10;
+    const PASSES: usize = 15;
     let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     std::fs::create_dir_all(&src).unwrap();
@@ -185,13 +186,15 @@ fn file_written_during_copy_is_never_installed_torn() {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 v = v.wrapping_add(1).max(1);
-                // Pauses of varying length between versions, so some passes can succeed.
-                std::thread::sleep(Duration::from_millis(u64::from(v % 5) * 40));
+                // Every third version is followed by a pause longer than the 1 s a file must
+                // stay unchanged before it is copied, so that some passes can succeed.
+                let pause = if v % 3 == 0 { 1500 } else { 50 };
+                std::thread::sleep(Duration::from_millis(pause));
             }
         })
     };
     let (mut installed, mut retried, mut failed) = (0, 0, 0);
-    for _ in 0..40 {
+    for _ in 0..PASSES {
         let o = Command::new(BIN)
             .arg("sync")
             .arg(&src)
@@ -225,7 +228,7 @@ fn file_written_during_copy_is_never_installed_torn() {
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     eprintln!(
-        "torn-write test: 40 passes, {installed} installed a version, {retried} retried a \
+        "torn-write test: {PASSES} passes, {installed} installed a version, {retried} retried a \
          copy, {failed} gave up (file kept changing); torn copies: 0"
     );
     assert!(installed > 0, "no pass ever copied the checkpoint");

@@ -58,6 +58,7 @@ fn write_version(src: &Path, version: usize, n: usize) -> BTreeMap<PathBuf, Vec<
         let p = src.join(&rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, &data).unwrap();
+        age(&p);
         files.insert(rel, data);
     }
     // One file appears in each version and then stays unchanged.
@@ -67,10 +68,20 @@ fn write_version(src: &Path, version: usize, n: usize) -> BTreeMap<PathBuf, Vec<
         let data = content(10_000 + v, 0, false);
         if v == version {
             std::fs::write(src.join(&extra), &data).unwrap();
+            age(&src.join(&extra));
         }
         files.insert(extra, data);
     }
     files
+}
+
+/// Dates a just-written file 5 s back (still unique per version), so that passes copy it at
+/// once instead of first waiting for it to settle (see stagefs_sync::copy): the kills should
+/// land in copies, not in that wait.
+fn age(p: &Path) {
+    let f = std::fs::File::options().write(true).open(p).unwrap();
+    f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(5))
+        .unwrap();
 }
 
 fn all_files(root: &Path, out: &mut Vec<PathBuf>) {

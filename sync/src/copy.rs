@@ -7,14 +7,18 @@
 //! files fast).
 //!
 //! Torn-write detection: the source is fstat'ed before and after the copy; size, mtime, ctime
-//! and inode must not change and the byte count must equal the size. Linux stamps mtime from a
-//! coarse clock (one tick, at most 10 ms at HZ=100), so a write in the same tick as our first
-//! fstat would not move mtime. The copy is therefore only started once the source's stamp is
-//! known to be "settled": its mtime is more than [`SETTLE`] in the past, or the same stamp was
-//! already seen at least [`SETTLE`] earlier (the stamp from planning counts). Any write after
-//! that point lands in a later tick and changes mtime. A file that keeps changing is retried
-//! [`MAX_ATTEMPTS`] times with growing pauses, then reported as failed; the destination keeps
-//! its old, complete version.
+//! and inode must not change and the byte count must equal the size. Two gaps remain, and both
+//! are closed by copying a file only once its stamp has "settled": its mtime is more than
+//! [`SETTLE`] in the past, or the same stamp was already seen at least [`SETTLE`] earlier (the
+//! stamp from planning counts).
+//! - Linux stamps mtime from a coarse clock (one tick, up to 10 ms), so a write in the same tick
+//!   as our first fstat would not move mtime; after a settled stamp, any write lands in a later
+//!   tick and changes it.
+//! - A writer can pause in the middle of a file (page-cache throttling in the kernel sleeps
+//!   writers up to 200 ms, and a loaded node deschedules them); a file whose stamp has not
+//!   moved for 1 s is taken as finished, the same rule that makes a file "settled".
+//! A file that keeps changing is retried [`MAX_ATTEMPTS`] times, then reported as failed; the
+//! destination keeps its old, complete version and the next pass tries again.
 
 use crate::error::FileError;
 use crate::plan::DstKind;
@@ -26,15 +30,22 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-/// How old a stamp must be before a copy can trust it: 3× the coarsest kernel tick (10 ms).
-pub const SETTLE: Duration = Duration::from_millis(30);
+/// How long a stamp must stay unchanged before a copy trusts it (see the module note).
+pub const SETTLE: Duration = Duration::from_secs(1);
 
-/// Copy attempts for a file that changes while it is copied; with the pauses below they span
-/// about 3 s, longer than a typical checkpoint write of a few hundred MB.
-pub const MAX_ATTEMPTS: u32 = 6;
+/// Copy attempts for a file that keeps changing.
+pub const MAX_ATTEMPTS: u32 = 3;
 
-/// Pause before the second attempt; doubles each time (0.1, 0.2, 0.4, 0.8, 1.6 s).
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// How long one attempt waits for a changing file to settle. With [`MAX_ATTEMPTS`] and the
+/// backoff this bounds the time a file written without pause (a log) holds a copy thread to
+/// about 8 s per pass.
+const SETTLE_WAIT_MAX: Duration = Duration::from_millis(2500);
+
+/// How often a settling file's stamp is looked at.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Pause before the second attempt; doubles each time (0.25, 0.5 s).
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Bytes per `io::copy` call: large enough for full-speed `copy_file_range`, small enough for a
 /// live progress bar on multi-GB checkpoints.
@@ -129,7 +140,9 @@ pub fn copy_file(
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Vanished),
             Err(e) => return Err(FileError::io("open source")(e)),
         };
-        let before = settle(&source, &mut witness)?;
+        let Some(before) = settle(&source, &mut witness)? else {
+            continue;
+        };
         let (mut tmp, mut guard) = create_temp(dir, name)?;
         let mut copied = 0u64;
         loop {
@@ -167,10 +180,14 @@ pub fn copy_file(
     })
 }
 
-/// Waits until the open source's stamp is settled (see the module note) and returns it.
-fn settle(source: &File, witness: &mut Option<(Stamp, Instant)>) -> Result<Stamp, FileError> {
-    // Bounded: a file rewritten continuously fails the attempt's stamp check later anyway.
-    for _ in 0..100 {
+/// Waits until the open source's stamp is settled (see the module note) and returns it; `None`
+/// if it kept changing for [`SETTLE_WAIT_MAX`] (the attempt then counts as failed).
+fn settle(
+    source: &File,
+    witness: &mut Option<(Stamp, Instant)>,
+) -> Result<Option<Stamp>, FileError> {
+    let deadline = Instant::now() + SETTLE_WAIT_MAX;
+    loop {
         let now_wall = SystemTime::now();
         let now = Instant::now();
         let stamp = Stamp::of(&source.metadata().map_err(FileError::io("stat source"))?);
@@ -181,14 +198,16 @@ fn settle(source: &File, witness: &mut Option<(Stamp, Instant)>) -> Result<Stamp
             .as_ref()
             .is_some_and(|(w, at)| *w == stamp && now.duration_since(*at) >= SETTLE);
         if old_enough || witnessed {
-            return Ok(stamp);
+            return Ok(Some(stamp));
         }
         if !witness.as_ref().is_some_and(|(w, _)| *w == stamp) {
             *witness = Some((stamp, now));
         }
-        std::thread::sleep(SETTLE);
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(POLL);
     }
-    Err(FileError::KeptChanging { attempts: 1 })
 }
 
 /// Makes `dst` a symlink to `target` atomically (link under a temporary name, then rename).
@@ -203,4 +222,94 @@ pub fn copy_symlink(target: &Path, dst: &Path, kind: DstKind) -> Result<(), File
 /// Fsyncs a directory so that renames and creations in it are durable.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn dated(path: &Path, secs_ago: u64) -> Stamp {
+        let f = File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(secs_ago))
+            .unwrap();
+        Stamp::of(&f.metadata().unwrap())
+    }
+
+    /// A write that lands while the bytes are being copied (injected from the progress callback,
+    /// so it is certain to fall inside the copy) discards the attempt; the retry installs the
+    /// file as it is after the write.
+    #[test]
+    fn change_during_copy_is_retried_not_installed() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        std::fs::write(&src, vec![1u8; 3 * CHUNK as usize]).unwrap();
+        let planned = dated(&src, 10);
+        let appended = AtomicBool::new(false);
+        let progress = |_n: u64| {
+            if !appended.swap(true, Ordering::SeqCst) {
+                let mut f = File::options().append(true).open(&src).unwrap();
+                f.write_all(b"tail").unwrap();
+            }
+        };
+        let out = copy_file(
+            &src,
+            &dst,
+            DstKind::Missing,
+            planned,
+            Instant::now(),
+            &progress,
+        )
+        .unwrap();
+        let Outcome::Copied(c) = out else {
+            panic!("expected a copy, got {out:?}")
+        };
+        assert_eq!(c.retries, 1);
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        // No temporaries were left behind by the discarded attempt.
+        let names: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
+        assert_eq!(names.len(), 2);
+    }
+
+    /// A file still changing through every attempt is reported, and nothing is installed.
+    #[test]
+    fn file_that_never_settles_fails_and_keeps_old_version() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        std::fs::write(&src, b"new").unwrap();
+        std::fs::write(&dst, b"old").unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, src) = (stop.clone(), src.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut f = File::options().append(true).open(&src).unwrap();
+                    f.write_all(b".").unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let stamp = Stamp::of(&std::fs::metadata(&src).unwrap());
+        let r = copy_file(&src, &dst, DstKind::Other, stamp, Instant::now(), &|_| {});
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(matches!(r, Err(FileError::KeptChanging { .. })), "{r:?}");
+        assert_eq!(std::fs::read(&dst).unwrap(), b"old");
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn mode_and_mtime_are_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        std::fs::write(&src, b"x").unwrap();
+        std::fs::set_permissions(&src, Permissions::from_mode(0o640)).unwrap();
+        let stamp = dated(&src, 100);
+        copy_file(&src, &dst, DstKind::Missing, stamp, Instant::now(), &|_| {}).unwrap();
+        let got = Stamp::of(&std::fs::metadata(&dst).unwrap());
+        assert_eq!(got.mode, 0o640);
+        assert!(stamp.same_version(&got));
+    }
 }
