@@ -17,6 +17,7 @@
 //! - A writer can pause in the middle of a file (page-cache throttling in the kernel sleeps
 //!   writers up to 200 ms, and a loaded node deschedules them); a file whose stamp has not
 //!   moved for 1 s is taken as finished, the same rule that makes a file "settled".
+//!
 //! A file that keeps changing is retried [`MAX_ATTEMPTS`] times, then reported as failed; the
 //! destination keeps its old, complete version and the next pass tries again.
 
