@@ -188,7 +188,7 @@ fn file_written_during_copy_is_never_installed_torn() {
                 v = v.wrapping_add(1).max(1);
                 // Every third version is followed by a pause longer than the 1 s a file must
                 // stay unchanged before it is copied, so that some passes can succeed.
-                let pause = if v % 3 == 0 { 1500 } else { 50 };
+                let pause = if v.is_multiple_of(3) { 1500 } else { 50 };
                 std::thread::sleep(Duration::from_millis(pause));
             }
         })
