@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 /// Sequence: mount every --mount; start CMD (environment and stdio inherited); every --every,
 /// sync every --sync pair (crash-safe, like `stagefs sync`). SIGTERM, SIGINT, SIGUSR1 and SIGUSR2
 /// are forwarded to CMD at once. On SIGUSR1 (SLURM's warning, `#SBATCH --signal=B:USR1@300`) a
-/// sync runs right away and CMD keeps running. On SIGTERM/SIGINT CMD gets --grace to exit
+/// sync runs right away, CMD keeps running, and syncs repeat every 30 s (or --every if shorter)
+/// so that the checkpoint CMD writes in response reaches persistent storage before the limit. On SIGTERM/SIGINT CMD gets --grace to exit
 /// (then SIGKILL). When CMD has exited: a final sync, unmount, and exit with CMD's status
 /// (128+N if it died of signal N). If CMD succeeded but the final sync failed, the exit code is 1,
 /// so that a dependent job (`--dependency=afterok`) does not start on missing outputs.
@@ -213,6 +214,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(status)
 }
 
+/// Sync interval after SLURM's warning (SIGUSR1), if `--every` is longer: the command writes
+/// its last checkpoint after the warning, and with the usual 300 s warning 30 s leaves several
+/// passes to bring it home before the time limit.
+const WARNED_EVERY: Duration = Duration::from_secs(30);
+
 /// Waits for the command, syncing periodically and on SIGUSR1; returns its status.
 fn supervise(
     child: &Supervised,
@@ -222,11 +228,12 @@ fn supervise(
     grace: Duration,
 ) -> i32 {
     // With periodic syncs off we still wake up hourly, harmlessly.
-    let period = if every.is_zero() {
+    let mut period = if every.is_zero() {
         Duration::from_secs(3600)
     } else {
         every
     };
+    let mut periodic = !every.is_zero();
     let mut next = Instant::now() + period;
     loop {
         let wait = next.saturating_duration_since(Instant::now());
@@ -242,6 +249,12 @@ fn supervise(
                 for s in syncs {
                     sync_pair(syncer, s, "on SIGUSR1");
                 }
+                // The command is checkpointing in response: keep persistent storage close
+                // behind it until the end.
+                periodic = true;
+                period = period.min(WARNED_EVERY);
+                next = Instant::now() + period;
+                eprintln!("stagefs run: syncing every {period:?} until the command exits");
             }
             Some(Event::Signal(sig)) if sig == libc::SIGTERM || sig == libc::SIGINT => {
                 eprintln!(
@@ -265,7 +278,7 @@ fn supervise(
                 );
             }
             None => {
-                if !every.is_zero() && Instant::now() >= next {
+                if periodic && Instant::now() >= next {
                     for s in syncs {
                         sync_pair(syncer, s, "periodic");
                     }
