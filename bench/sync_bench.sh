@@ -7,7 +7,7 @@
 #   bench/sync_bench.sh [ROUNDS] [DIR]      # defaults: 3 rounds, a temp dir under target/
 #
 # Data (scaled to finish in a few minutes on 2 cores): 8 "checkpoints" of 32 MiB and 2000 small
-# files of 4-64 KiB in 20 directories (~290 MB), on the same disk as the destination.
+# files of 4-64 KiB in 20 directories (~340 MB), on the same disk as the destination.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}

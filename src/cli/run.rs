@@ -48,7 +48,7 @@ pub struct Args {
     /// After SIGTERM/SIGINT, how long CMD may take to exit before it is killed.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     pub grace: humantime::Duration,
-    /// Files copied in parallel per sync [default: CPU count, between 2 and 8].
+    /// Files copied in parallel per sync [default: 16].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
     /// The command to run, after `--`.

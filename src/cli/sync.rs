@@ -39,7 +39,7 @@ pub struct Args {
     /// Delete files and directories in DST that SRC does not have.
     #[arg(long)]
     pub delete: bool,
-    /// Files copied in parallel [default: 2 × CPU count, between 8 and 16].
+    /// Files copied in parallel (I/O-bound: more than the cores helps) [default: 16].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
     /// No progress bar and no per-pass summary, only failures.
