@@ -164,6 +164,7 @@ check "last synced checkpoint is complete" uniform_ckpt "$RUNS/$J/ckpt.bin"
 check "no temporaries left in the run directory" \
   [ -z "$(find "$RUNS/$J" -name '.stagefs-tmp.*')" ]
 check "its scratch was wiped" test ! -e "$SCRATCH_ROOT/$J"
+check "no mount left behind on the node" test -z "$(grep -F "$SCRATCH_ROOT" /proc/self/mounts)"
 grep -E "stagefs run: (SIGUSR1|SIGTERM|final|outputs)" "$T/jobs/train-$J.out" | sed 's/^/    /'
 
 echo "$PASSED passed, $FAILED failed"

@@ -15,25 +15,28 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The long `--help` text.
+const RUN_HELP: &str = concat!(
+    "Sequence: mount every --mount; start CMD (environment and stdio inherited); every --every,\n",
+    "sync every --sync pair (crash-safe, like `stagefs sync`). SIGTERM, SIGINT, SIGUSR1 and SIGUSR2\n",
+    "are forwarded to CMD at once. On SIGUSR1 (SLURM's warning, `#SBATCH --signal=B:USR1@300`) a\n",
+    "sync runs right away, CMD keeps running, and syncs repeat every 30 s (or --every if shorter)\n",
+    "so that the checkpoint CMD writes in response reaches persistent storage before the limit. On SIGTERM/SIGINT CMD gets --grace to exit\n",
+    "(then SIGKILL). When CMD has exited: a final sync, unmount, and exit with CMD's status\n",
+    "(128+N if it died of signal N). If CMD succeeded but the final sync failed, the exit code is 1,\n",
+    "so that a dependent job (`--dependency=afterok`) does not start on missing outputs.\n",
+    "\n",
+    "In an sbatch script, start it with `exec stagefs run ...`: with `--signal=B:...` SLURM signals\n",
+    "only the batch shell, and `exec` makes stagefs that shell.\n",
+    "\n",
+    "The cache of a mount without CACHE is `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp`, followed\n",
+    "by `/stagefs-cache-<hash of SRC>`: on node-local scratch, and the same for the same SRC so\n",
+    "a later job on the node reuses it.\n",
+);
+
 /// Run a job step: mount inputs, run CMD, and bring its outputs home safely.
-///
-/// Sequence: mount every --mount; start CMD (environment and stdio inherited); every --every,
-/// sync every --sync pair (crash-safe, like `stagefs sync`). SIGTERM, SIGINT, SIGUSR1 and SIGUSR2
-/// are forwarded to CMD at once. On SIGUSR1 (SLURM's warning, `#SBATCH --signal=B:USR1@300`) a
-/// sync runs right away, CMD keeps running, and syncs repeat every 30 s (or --every if shorter)
-/// so that the checkpoint CMD writes in response reaches persistent storage before the limit. On SIGTERM/SIGINT CMD gets --grace to exit
-/// (then SIGKILL). When CMD has exited: a final sync, unmount, and exit with CMD's status
-/// (128+N if it died of signal N). If CMD succeeded but the final sync failed, the exit code is 1,
-/// so that a dependent job (`--dependency=afterok`) does not start on missing outputs.
-///
-/// In an sbatch script, start it with `exec stagefs run ...`: with `--signal=B:...` SLURM signals
-/// only the batch shell, and `exec` makes stagefs that shell.
-///
-/// The cache of a mount without CACHE is `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp`, followed
-/// by `/stagefs-cache-<hash of SRC>`: on node-local scratch, and the same for the same SRC so
-/// a later job on the node reuses it.
 #[derive(clap::Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(after_long_help = RUN_HELP)]
 pub struct Args {
     /// Mount SRC (read-only, cached) at MNT before starting CMD; repeatable.
     #[arg(long = "mount", value_name = "SRC:MNT[:CACHE]")]

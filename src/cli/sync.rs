@@ -10,20 +10,23 @@ use std::path::{Path, PathBuf};
 /// Exit code when some paths failed (the others were copied).
 pub const EXIT_FAILED: i32 = 1;
 
+/// The long `--help` text.
+const SYNC_HELP: &str = concat!(
+    "A file is copied when DST lacks it or its size or mtime differ (with --verify, also when the\n",
+    "contents differ). Each copy is written to `.stagefs-tmp.*` next to its final name, fsynced and\n",
+    "renamed into place, and the directory is fsynced: after a crash or `kill -9`, every file in DST\n",
+    "is its complete old or complete new version, and running the same command again finishes the\n",
+    "job and removes the temporaries. A file that changes while it is being copied (a checkpoint\n",
+    "still being written) is retried rather than copied torn. Symlinks are copied as symlinks;\n",
+    "mode and mtime are kept (owner is not).\n",
+    "\n",
+    "Example, in a job: `stagefs sync $SCRATCH/out /bigdata/runs/$SLURM_JOB_ID --every 10m &`\n",
+    "(or let `stagefs run --sync` do it).\n",
+);
+
 /// Copy new and changed files from SRC to DST so that DST is never left with a partial file.
-///
-/// A file is copied when DST lacks it or its size or mtime differ (with --verify, also when the
-/// contents differ). Each copy is written to `.stagefs-tmp.*` next to its final name, fsynced and
-/// renamed into place, and the directory is fsynced: after a crash or `kill -9`, every file in DST
-/// is its complete old or complete new version, and running the same command again finishes the
-/// job and removes the temporaries. A file that changes while it is being copied (a checkpoint
-/// still being written) is retried rather than copied torn. Symlinks are copied as symlinks;
-/// mode and mtime are kept (owner is not).
-///
-/// Example, in a job: `stagefs sync $SCRATCH/out /bigdata/runs/$SLURM_JOB_ID --every 10m &`
-/// (or let `stagefs run --sync` do it).
 #[derive(clap::Args, Debug)]
-#[command(verbatim_doc_comment)]
+#[command(after_long_help = SYNC_HELP)]
 pub struct Args {
     /// Directory whose contents to copy (typically on node-local scratch).
     pub src: PathBuf,
