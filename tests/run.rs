@@ -212,3 +212,29 @@ fn mount_serves_the_command_and_is_gone_afterwards() {
     );
     assert!(!is_mounted(&mnt), "mount still present after run");
 }
+
+/// A command that succeeds but whose outputs could not all be synced must not look successful:
+/// a job chained with `--dependency=afterok` would start on missing outputs.
+#[test]
+fn failed_final_sync_turns_success_into_exit_1() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("o");
+    // As root nothing is denied: make the destination path of one output exceed PATH_MAX.
+    let mut home = t.path().join("h");
+    home.push("e".repeat(250));
+    let mut deep = out.clone();
+    while deep.as_os_str().len() < 3900 {
+        deep.push("d".repeat(200));
+    }
+    let spec = format!("{}:{}", out.display(), home.display());
+    let script = format!(
+        "mkdir -p {d} && echo x > {d}/f && echo ok > {o}/fine",
+        d = deep.display(),
+        o = out.display()
+    );
+    let o = run_cmd(&spec, &["--every", "0"], &script).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("FAILED"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("final sync failed"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(home.join("fine")).unwrap(), "ok\n");
+}
