@@ -1,10 +1,389 @@
-//! `stagefs run`.
+//! `stagefs run`: the job wrapper. Mount inputs, run the command with signals forwarded, sync
+//! outputs periodically, on SLURM's warning signal and at the end, unmount, and exit with the
+//! command's status.
+//!
+//! Mounts are made by running this same executable as `stagefs mount SRC MNT --cache CACHE`
+//! (which returns once the mount is usable) and removed with `stagefs umount MNT`, so `run`
+//! depends only on the mount's command-line contract.
 
-/// Arguments of `stagefs run`.
+use anyhow::{bail, Context};
+use stagefs_sync::signals;
+use stagefs_sync::supervise::{Event, Supervised};
+use stagefs_sync::{SyncOptions, Syncer};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The long `--help` text.
+const RUN_HELP: &str = concat!(
+    "Sequence: mount every --mount; start CMD (environment and stdio inherited); every --every,\n",
+    "sync every --sync pair (crash-safe, like `stagefs sync`). SIGTERM, SIGINT, SIGUSR1 and SIGUSR2\n",
+    "are forwarded to CMD at once. On SIGUSR1 (SLURM's warning, `#SBATCH --signal=B:USR1@300`) a\n",
+    "sync runs right away, CMD keeps running, and syncs repeat every 30 s (or --every if shorter)\n",
+    "so that the checkpoint CMD writes in response reaches persistent storage before the limit.\n",
+    "On SIGTERM/SIGINT CMD gets --grace to exit (then SIGKILL). When CMD has exited: a final\n",
+    "sync, unmount, and exit with CMD's status\n",
+    "(128+N if it died of signal N). If CMD succeeded but the final sync failed, the exit code is 1,\n",
+    "so that a dependent job (`--dependency=afterok`) does not start on missing outputs.\n",
+    "\n",
+    "In an sbatch script, start it with `exec stagefs run ...`: with `--signal=B:...` SLURM signals\n",
+    "only the batch shell, and `exec` makes stagefs that shell.\n",
+    "\n",
+    "The cache of a mount without CACHE is `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp`, followed\n",
+    "by `/stagefs-cache-<hash of SRC>`: on node-local scratch, and the same for the same SRC so\n",
+    "a later job on the node reuses it.\n",
+);
+
+/// Run a job step: mount inputs, run CMD, and bring its outputs home safely.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+#[command(after_long_help = RUN_HELP)]
+pub struct Args {
+    /// Mount SRC (read-only, cached) at MNT before starting CMD; repeatable.
+    #[arg(long = "mount", value_name = "SRC:MNT[:CACHE]")]
+    pub mounts: Vec<String>,
+    /// Copy SRC's new and changed files to DST periodically and at the end; repeatable.
+    /// SRC and DST are created if missing.
+    #[arg(long = "sync", value_name = "SRC:DST")]
+    pub syncs: Vec<String>,
+    /// Interval between syncs while CMD runs (0 = only on SIGUSR1 and at the end).
+    #[arg(long, value_name = "DURATION", default_value = "10m")]
+    pub every: humantime::Duration,
+    /// After SIGTERM/SIGINT, how long CMD may take to exit before it is killed.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub grace: humantime::Duration,
+    /// Files copied in parallel per sync [default: 16].
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
+
+/// One `--mount`.
+#[derive(Debug, Clone)]
+struct MountSpec {
+    src: PathBuf,
+    mnt: PathBuf,
+    cache: PathBuf,
+}
+
+/// One `--sync`.
+#[derive(Debug, Clone)]
+struct SyncSpec {
+    src: PathBuf,
+    dst: PathBuf,
+}
+
+fn parse_mount(spec: &str) -> anyhow::Result<MountSpec> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    let (src, mnt, cache) = match parts.as_slice() {
+        [s, m] if !s.is_empty() && !m.is_empty() => (*s, *m, None),
+        [s, m, c] if !s.is_empty() && !m.is_empty() && !c.is_empty() => (*s, *m, Some(*c)),
+        _ => bail!(
+            "--mount {spec:?}: expected SRC:MNT or SRC:MNT:CACHE (paths containing ':' are \
+             not supported here; use a symlink)"
+        ),
+    };
+    let src = PathBuf::from(src);
+    let cache = match cache {
+        Some(c) => PathBuf::from(c),
+        None => default_cache(&src),
+    };
+    Ok(MountSpec {
+        src,
+        mnt: PathBuf::from(mnt),
+        cache,
+    })
+}
+
+fn parse_sync(spec: &str) -> anyhow::Result<SyncSpec> {
+    match spec.split(':').collect::<Vec<_>>().as_slice() {
+        [s, d] if !s.is_empty() && !d.is_empty() => Ok(SyncSpec {
+            src: PathBuf::from(s),
+            dst: PathBuf::from(d),
+        }),
+        _ => bail!("--sync {spec:?}: expected SRC:DST (paths containing ':' are not supported)"),
+    }
+}
+
+/// FNV-1a, 64 bit: a hash that is stable across builds and Rust versions (std's is not
+/// promised to be), so the same SRC maps to the same cache directory in every job.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn default_cache(src: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let base = ["SLURM_TMPDIR", "TMPDIR"]
+        .iter()
+        .find_map(|v| std::env::var_os(v).filter(|s| !s.is_empty()))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let abs = std::path::absolute(src).unwrap_or_else(|_| src.to_path_buf());
+    base.join(format!(
+        "stagefs-cache-{:016x}",
+        fnv1a(abs.as_os_str().as_bytes())
+    ))
+}
 
 /// Runs `stagefs run`; returns the process exit code.
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("stagefs run is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let mounts = args
+        .mounts
+        .iter()
+        .map(|s| parse_mount(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let syncs = args
+        .syncs
+        .iter()
+        .map(|s| parse_sync(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Fail now, not after hours of training, if an output directory cannot be created.
+    for s in &syncs {
+        for dir in [&s.src, &s.dst] {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating --sync directory {}", dir.display()))?;
+        }
+    }
+    let syncer = Syncer::new(SyncOptions {
+        jobs: args.jobs.unwrap_or_else(stagefs_sync::pass::default_jobs),
+        ..SyncOptions::default()
+    })?;
+    let exe = std::env::current_exe().context("finding the stagefs executable")?;
+
+    let mut mounted: Vec<PathBuf> = Vec::new();
+    for m in &mounts {
+        if let Err(e) = mount(&exe, m) {
+            unmount_all(&exe, &mounted);
+            return Err(e);
+        }
+        eprintln!(
+            "stagefs run: mounted {} at {} (cache {})",
+            m.src.display(),
+            m.mnt.display(),
+            m.cache.display()
+        );
+        mounted.push(m.mnt.clone());
+    }
+
+    let (program, rest) = match args.cmd.split_first() {
+        Some(split) => split,
+        None => bail!("no command given after --"),
+    };
+    let child = match Supervised::spawn(program, rest) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "stagefs run: cannot start {}: {e}",
+                program.to_string_lossy()
+            );
+            unmount_all(&exe, &mounted);
+            return Ok(if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    let status = supervise(
+        &child,
+        &syncer,
+        &syncs,
+        args.every.into(),
+        args.grace.into(),
+    );
+    drop(child);
+
+    let mut sync_ok = true;
+    for s in &syncs {
+        sync_ok &= sync_pair(&syncer, s, "final");
+        eprintln!(
+            "stagefs run: outputs of {} are in {}",
+            s.src.display(),
+            s.dst.display()
+        );
+    }
+    let unmount_ok = unmount_all(&exe, &mounted);
+    if status == 0 && !sync_ok {
+        eprintln!("stagefs run: the command succeeded but the final sync failed: exit 1");
+        return Ok(1);
+    }
+    if status == 0 && !unmount_ok {
+        eprintln!("stagefs run: the command succeeded but an unmount failed: exit 1");
+        return Ok(1);
+    }
+    Ok(status)
+}
+
+/// Sync interval after SLURM's warning (SIGUSR1), if `--every` is longer: the command writes
+/// its last checkpoint after the warning, and with the usual 300 s warning 30 s leaves several
+/// passes to bring it home before the time limit.
+const WARNED_EVERY: Duration = Duration::from_secs(30);
+
+/// Waits for the command, syncing periodically and on SIGUSR1; returns its status.
+fn supervise(
+    child: &Supervised,
+    syncer: &Syncer,
+    syncs: &[SyncSpec],
+    every: Duration,
+    grace: Duration,
+) -> i32 {
+    // With periodic syncs off we still wake up hourly, harmlessly.
+    let mut period = if every.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        every
+    };
+    let mut periodic = !every.is_zero();
+    let mut next = Instant::now() + period;
+    loop {
+        let wait = next.saturating_duration_since(Instant::now());
+        match child.next_event(wait) {
+            Some(Event::Exited(status)) => {
+                eprintln!("stagefs run: command exited with status {status}");
+                return status;
+            }
+            Some(Event::Signal(sig)) if sig == libc::SIGUSR1 => {
+                eprintln!(
+                    "stagefs run: SIGUSR1 (time limit near): forwarded to the command, syncing now"
+                );
+                for s in syncs {
+                    sync_pair(syncer, s, "on SIGUSR1");
+                }
+                // The command is checkpointing in response: keep persistent storage close
+                // behind it until the end.
+                periodic = true;
+                period = period.min(WARNED_EVERY);
+                next = Instant::now() + period;
+                eprintln!("stagefs run: syncing every {period:?} until the command exits");
+            }
+            Some(Event::Signal(sig)) if sig == libc::SIGTERM || sig == libc::SIGINT => {
+                eprintln!(
+                    "stagefs run: {}: forwarded; giving the command {:?} to exit",
+                    signals::name(sig),
+                    grace
+                );
+                if let Some(status) = child.wait_exit(grace) {
+                    eprintln!("stagefs run: command exited with status {status}");
+                    return status;
+                }
+                eprintln!("stagefs run: command still running after {grace:?}: killing it");
+                child.kill(libc::SIGKILL);
+                let _ = child.wait_exit(Duration::from_secs(5));
+                return 128 + sig;
+            }
+            Some(Event::Signal(sig)) => {
+                eprintln!(
+                    "stagefs run: {} forwarded to the command",
+                    signals::name(sig)
+                );
+            }
+            None => {
+                if periodic && Instant::now() >= next {
+                    for s in syncs {
+                        sync_pair(syncer, s, "periodic");
+                    }
+                }
+                if Instant::now() >= next {
+                    next = Instant::now() + period;
+                }
+            }
+        }
+    }
+}
+
+/// Runs one sync pass and prints its summary and failures; true when nothing failed.
+fn sync_pair(syncer: &Syncer, s: &SyncSpec, why: &str) -> bool {
+    match super::sync::pass(syncer, &s.src, &s.dst, false) {
+        Ok(report) => {
+            eprintln!(
+                "stagefs run: {why} sync: {}",
+                super::sync::summary(&s.src, &s.dst, &report)
+            );
+            for (path, err) in &report.failed {
+                eprintln!("stagefs run: FAILED {}: {err}", s.dst.join(path).display());
+            }
+            report.ok()
+        }
+        Err(e) => {
+            eprintln!(
+                "stagefs run: {why} sync {} -> {} failed: {e:#}",
+                s.src.display(),
+                s.dst.display()
+            );
+            false
+        }
+    }
+}
+
+fn mount(exe: &Path, m: &MountSpec) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&m.mnt)
+        .with_context(|| format!("creating mount point {}", m.mnt.display()))?;
+    std::fs::create_dir_all(&m.cache)
+        .with_context(|| format!("creating cache directory {}", m.cache.display()))?;
+    let status = Command::new(exe)
+        .arg("mount")
+        .arg(&m.src)
+        .arg(&m.mnt)
+        .arg("--cache")
+        .arg(&m.cache)
+        .status()
+        .context("running stagefs mount")?;
+    if !status.success() {
+        bail!(
+            "stagefs mount {} {} failed ({status}); nothing was started",
+            m.src.display(),
+            m.mnt.display()
+        );
+    }
+    Ok(())
+}
+
+/// Unmounts in reverse order; true when all succeeded.
+fn unmount_all(exe: &Path, mounted: &[PathBuf]) -> bool {
+    let mut ok = true;
+    for mnt in mounted.iter().rev() {
+        match Command::new(exe).arg("umount").arg(mnt).status() {
+            Ok(s) if s.success() => eprintln!("stagefs run: unmounted {}", mnt.display()),
+            Ok(s) => {
+                eprintln!("stagefs run: stagefs umount {} failed ({s})", mnt.display());
+                ok = false;
+            }
+            Err(e) => {
+                eprintln!("stagefs run: cannot run stagefs umount: {e}");
+                ok = false;
+            }
+        }
+    }
+    ok
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_reject_bad_input() {
+        let m = parse_mount("/bigdata/p:/scratch/data:/scratch/cache").unwrap();
+        assert_eq!(m.cache, PathBuf::from("/scratch/cache"));
+        let m = parse_mount("/bigdata/p:/scratch/data").unwrap();
+        assert!(m.cache.to_string_lossy().contains("stagefs-cache-"));
+        assert!(parse_mount("/only").is_err());
+        assert!(parse_mount("a:b:c:d").is_err());
+        assert!(parse_sync("a:b").is_ok());
+        assert!(parse_sync("a").is_err());
+        assert!(parse_sync(":b").is_err());
+    }
+
+    #[test]
+    fn cache_hash_is_stable() {
+        // Pinned value: changing the hash would orphan every existing cache.
+        assert_eq!(fnv1a(b"/bigdata/processed"), fnv1a(b"/bigdata/processed"));
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
 }

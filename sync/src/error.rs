@@ -1,0 +1,72 @@
+//! Error types: [`SyncError`] stops a whole pass, [`FileError`] fails one path and is collected
+//! in the pass's report so that every failure can be named at the end.
+
+use std::path::PathBuf;
+
+/// An error that prevents a pass from running at all.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// SRC does not exist or is not a directory.
+    #[error("source {path} is not a directory (give the directory whose contents to copy)")]
+    SourceNotDir {
+        /// The source path given.
+        path: PathBuf,
+    },
+    /// DST lies inside SRC, which would copy the copy forever.
+    #[error("destination {dst} lies inside source {src}; choose a destination outside it")]
+    DestInsideSource {
+        /// The source root.
+        src: PathBuf,
+        /// The destination root.
+        dst: PathBuf,
+    },
+    /// An I/O error on a root or while walking a tree.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The worker thread pool could not be created.
+    #[error("cannot start {jobs} copy threads: {message}")]
+    ThreadPool {
+        /// Number of threads asked for.
+        jobs: usize,
+        /// Rayon's description of the problem.
+        message: String,
+    },
+}
+
+/// Why one path could not be synchronised.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// An I/O operation failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done ("open source", "rename into place", ...).
+        op: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The source kept changing during every copy attempt.
+    #[error(
+        "changed while being copied in all {attempts} attempts (still being written?); \
+         the old destination version is kept, the next pass retries"
+    )]
+    KeptChanging {
+        /// How many attempts were made.
+        attempts: u32,
+    },
+}
+
+impl FileError {
+    /// Wraps an I/O error with the operation that failed.
+    pub fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
+        move |source| FileError::Io { op, source }
+    }
+}
