@@ -418,3 +418,36 @@ fn unprivileged_user_mounts_through_fusermount3() {
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(m), "still mounted");
 }
+
+/// Regression: open() held the backing-id lock while taking the handle map, and release()
+/// the reverse (an `if let` kept its guard alive), so concurrent opens and closes of cached
+/// small files under passthrough deadlocked the mount.
+#[test]
+fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
+    let (tmp, src) = fresh();
+    for i in 0..200 {
+        fs::write(src.join(format!("f{i:03}")), pattern(i, 5000 + i as usize)).unwrap();
+    }
+    let mut m = Mount::new(tmp.path(), &src, &[]);
+    m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(200));
+    m.umount();
+    m.mount();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..8u64 {
+        let (mnt, tx) = (m.mnt.clone(), tx.clone());
+        std::thread::spawn(move || {
+            for round in 0..5u64 {
+                for i in 0..200u64 {
+                    let i = (i * 7 + t * 13 + round) % 200;
+                    let got = fs::read(mnt.join(format!("f{i:03}"))).unwrap();
+                    assert!(got == pattern(i, 5000 + i as usize));
+                }
+            }
+            tx.send(()).unwrap();
+        });
+    }
+    for _ in 0..8 {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("readers hung: open/release deadlock");
+    }
+}

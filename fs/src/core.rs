@@ -22,8 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{
-    block_count, CacheStore, FetchConfig, Fetcher, LocalSource, Priority, Signature, Stats,
-    StatsSnapshot, StoreConfig,
+    block_count, BlockMemo, CacheStore, FetchConfig, Fetcher, LocalSource, Priority, Signature,
+    Stats, StatsSnapshot, StoreConfig,
 };
 use tracing::{info, warn};
 
@@ -140,6 +140,7 @@ enum Handle {
         rel: Arc<Path>,
         sig: Signature,
         ra: Mutex<ReadAhead>,
+        memo: BlockMemo,
         pinned: bool,
     },
     Bytes(Vec<u8>),
@@ -562,6 +563,7 @@ impl FsCore {
                     rel,
                     sig,
                     ra: Mutex::new(ReadAhead::default()),
+                    memo: Mutex::new(None),
                     pinned: pt.is_some(),
                 };
                 (h, unchanged, false, pt)
@@ -593,14 +595,16 @@ impl FsCore {
             .cloned()
             .ok_or(FsError::BadHandle)?;
         match &*handle {
-            Handle::Source { rel, sig, ra, .. } => {
+            Handle::Source {
+                rel, sig, ra, memo, ..
+            } => {
                 self.stats.reads.fetch_add(1, Relaxed);
                 if let Some(ahead) = lock(ra).on_read(offset, u64::from(size), sig.size) {
                     self.fetcher.prefetch_bytes(rel, *sig, ahead);
                 }
                 let data = self
                     .fetcher
-                    .read(rel, *sig, offset, size as usize)
+                    .read_with_memo(rel, *sig, offset, size as usize, Some(memo))
                     .map_err(|e| {
                         let e = FsError::from(e);
                         if !matches!(e, FsError::Stale(_)) {

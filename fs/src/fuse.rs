@@ -147,24 +147,28 @@ impl Filesystem for FuseFs {
         }
         let fh = opened.fh;
         if let Some(file) = opened.passthrough {
-            let mut backing = lock(&self.backing);
-            let id = match backing.get_mut(&ino.0) {
-                Some((id, users)) => {
-                    *users += 1;
-                    Some(id.clone())
+            // Lock order: `backing` is never held while taking `fh_ino` (and vice versa); the
+            // guard lives only for this block.
+            let id = {
+                let mut backing = lock(&self.backing);
+                match backing.get_mut(&ino.0) {
+                    Some((id, users)) => {
+                        *users += 1;
+                        Some(id.clone())
+                    }
+                    None => match reply.open_backing(&file) {
+                        Ok(id) => {
+                            let id = Arc::new(id);
+                            backing.insert(ino.0, (id.clone(), 1));
+                            Some(id)
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "passthrough unavailable; serving cached files through the daemon");
+                            self.passthrough.store(false, Relaxed);
+                            None
+                        }
+                    },
                 }
-                None => match reply.open_backing(&file) {
-                    Ok(id) => {
-                        let id = Arc::new(id);
-                        backing.insert(ino.0, (id.clone(), 1));
-                        Some(id)
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "passthrough unavailable; serving cached files through the daemon");
-                        self.passthrough.store(false, Relaxed);
-                        None
-                    }
-                },
             };
             if let Some(id) = id {
                 lock(&self.fh_ino).insert(fh, ino.0);
@@ -203,7 +207,10 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some(ino) = lock(&self.fh_ino).remove(&fh.0) {
+        // Bound first so the `fh_ino` guard is dropped before `backing` is locked: an `if let`
+        // on the guard's expression would hold it for the whole block and deadlock with open().
+        let passthrough_ino = lock(&self.fh_ino).remove(&fh.0);
+        if let Some(ino) = passthrough_ino {
             let mut backing = lock(&self.backing);
             if let Some((_, users)) = backing.get_mut(&ino) {
                 *users -= 1;

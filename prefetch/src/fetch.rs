@@ -61,6 +61,9 @@ impl Default for FetchConfig {
 
 type BlockId = (u64, u64);
 
+/// The last verified block a handle read (index, bytes), reused while reads stay inside it.
+pub type BlockMemo = Mutex<Option<(u64, Arc<Vec<u8>>)>>;
+
 struct Task {
     rel: Arc<Path>,
     sig: Signature,
@@ -168,43 +171,78 @@ impl Fetcher {
         offset: u64,
         len: usize,
     ) -> Result<Vec<u8>, SourceError> {
+        self.read_with_memo(rel, sig, offset, len, None)
+    }
+
+    /// [`read`](Self::read) with a per-handle memo of the last block served: the kernel often
+    /// asks for 128 KiB at a time, and re-reading and re-checksumming the same 1 MiB block for
+    /// each of its eight pieces would cost eight times the bytes served.
+    pub fn read_with_memo(
+        &self,
+        rel: &Path,
+        sig: Signature,
+        offset: u64,
+        len: usize,
+        memo: Option<&BlockMemo>,
+    ) -> Result<Vec<u8>, SourceError> {
         let end = (offset + len as u64).min(sig.size);
         if offset >= end {
             return Ok(Vec::new());
         }
         let _span = debug_span!("read", path = %rel.display(), offset, len).entered();
+        let stats = &self.shared.stats;
         let mut out = Vec::with_capacity((end - offset) as usize);
-        let mut block = vec![0u8; BLOCK_SIZE as usize];
         let first = offset / BLOCK_SIZE;
         let last = (end - 1) / BLOCK_SIZE;
         for idx in first..=last {
             let bstart = idx * BLOCK_SIZE;
             let lo = (offset.max(bstart) - bstart) as usize;
             let hi = (end.min(bstart + BLOCK_SIZE) - bstart) as usize;
-            if let Some(n) = self.shared.store.read_block(rel, sig, idx, &mut block) {
-                let hi = hi.min(n);
-                out.extend_from_slice(&block[lo..hi]);
-                self.shared.stats.block_hits.fetch_add(1, Relaxed);
+            let remembered = memo.and_then(|m| {
+                lock(m)
+                    .as_ref()
+                    .filter(|(i, _)| *i == idx)
+                    .map(|(_, d)| d.clone())
+            });
+            let cached = remembered.or_else(|| {
+                let mut buf = vec![0u8; block_len(sig.size, idx) as usize];
                 self.shared
-                    .stats
-                    .bytes_from_cache
-                    .fetch_add((hi - lo) as u64, Relaxed);
-                continue;
-            }
-            self.shared.stats.block_misses.fetch_add(1, Relaxed);
-            self.shared.demand_active.fetch_add(1, Relaxed);
-            let started = Instant::now();
-            let data = self.fetch_block(rel, sig, idx, None);
-            self.shared.demand_active.fetch_sub(1, Relaxed);
-            let waited = started.elapsed().as_nanos() as u64;
-            self.shared.stats.reader_wait_ns.fetch_add(waited, Relaxed);
-            let data = data?;
+                    .store
+                    .read_block(rel, sig, idx, &mut buf)
+                    .map(|n| {
+                        buf.truncate(n);
+                        Arc::new(buf)
+                    })
+            });
+            let data = match cached {
+                Some(data) => {
+                    stats.block_hits.fetch_add(1, Relaxed);
+                    stats
+                        .bytes_from_cache
+                        .fetch_add((hi.min(data.len()) - lo.min(data.len())) as u64, Relaxed);
+                    data
+                }
+                None => {
+                    stats.block_misses.fetch_add(1, Relaxed);
+                    self.shared.demand_active.fetch_add(1, Relaxed);
+                    let started = Instant::now();
+                    let data = self.fetch_block(rel, sig, idx, None);
+                    self.shared.demand_active.fetch_sub(1, Relaxed);
+                    stats
+                        .reader_wait_ns
+                        .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
+                    let data = data?;
+                    stats
+                        .bytes_from_source
+                        .fetch_add((hi.min(data.len()) - lo.min(data.len())) as u64, Relaxed);
+                    data
+                }
+            };
             let hi = hi.min(data.len());
-            out.extend_from_slice(&data[lo..hi]);
-            self.shared
-                .stats
-                .bytes_from_source
-                .fetch_add((hi - lo) as u64, Relaxed);
+            out.extend_from_slice(&data[lo.min(hi)..hi]);
+            if let Some(m) = memo {
+                *lock(m) = Some((idx, data));
+            }
         }
         Ok(out)
     }

@@ -27,7 +27,7 @@ pub mod stats;
 pub mod store;
 
 pub use error::{CacheError, SourceError};
-pub use fetch::{FetchConfig, Fetcher, Priority};
+pub use fetch::{BlockMemo, FetchConfig, Fetcher, Priority};
 pub use source::{LocalSource, Signature, Source};
 pub use stats::{Stats, StatsSnapshot};
 pub use store::{CacheStore, StoreConfig};

@@ -9,12 +9,14 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::num::NonZeroUsize;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use lru::LruCache;
 use tracing::{debug, warn};
 
 use crate::error::CacheError;
@@ -23,6 +25,10 @@ use crate::meta::{path_key, EntryHeader, FORMAT_VERSION};
 use crate::source::{lock, Signature};
 use crate::stats::Stats;
 use crate::{block_count, block_len, BLOCK_SIZE};
+
+/// Data-file descriptors kept open: enough for the files being read and staged at once, far
+/// below the usual limit of 1024 descriptors per process.
+pub const OPEN_DATA_FILES: usize = 256;
 
 /// Where and how big the cache is.
 #[derive(Clone, Debug)]
@@ -38,7 +44,6 @@ struct Entry {
     sig: Signature,
     crcs: Vec<Option<u32>>,
     present: u64,
-    file: Option<Arc<File>>,
     dirty: bool,
     pins: u32,
     /// Every block's checksum was verified since the mount started (needed before passthrough).
@@ -58,6 +63,8 @@ pub struct CacheStore {
     inner: Mutex<Inner>,
     stats: Arc<Stats>,
     seq: AtomicU64,
+    /// Lock order: `inner` before `open`, never the reverse.
+    open: Mutex<LruCache<u64, Arc<File>>>,
 }
 
 impl CacheStore {
@@ -85,6 +92,9 @@ impl CacheStore {
             }),
             stats,
             seq: AtomicU64::new(1),
+            open: Mutex::new(LruCache::new(
+                NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN),
+            )),
         };
         store.load();
         Ok(store)
@@ -157,7 +167,6 @@ impl CacheStore {
                     sig: h.sig,
                     crcs: h.crcs,
                     present,
-                    file: None,
                     dirty: false,
                     pins: 0,
                     verified: false,
@@ -297,7 +306,6 @@ impl CacheStore {
                 sig,
                 crcs: vec![None; block_count(sig.size) as usize],
                 present: 0,
-                file: None,
                 dirty: true,
                 pins: 0,
                 verified: false,
@@ -354,9 +362,11 @@ impl CacheStore {
         }
     }
 
-    /// Opens (once) the data file of an entry, creating it sparse at the source's size.
+    /// The open data file of an entry, creating it sparse at the source's size. Descriptors
+    /// are kept in a small LRU ([`OPEN_DATA_FILES`]): one per cached file would exhaust the
+    /// process's limit on a dataset of many small files.
     fn data_file(&self, e: &mut Entry, key: u64) -> io::Result<Arc<File>> {
-        if let Some(f) = &e.file {
+        if let Some(f) = lock(&self.open).get(&key) {
             return Ok(f.clone());
         }
         let (data, _) = self.paths(key);
@@ -373,7 +383,7 @@ impl CacheStore {
             f.set_len(e.sig.size)?;
         }
         let f = Arc::new(f);
-        e.file = Some(f.clone());
+        lock(&self.open).put(key, f.clone());
         Ok(f)
     }
 
@@ -416,6 +426,8 @@ impl CacheStore {
             }
             inner.pinned.remove(&key);
         }
+        // A later entry under this key must not write into the unlinked file.
+        lock(&self.open).pop(&key);
         let (data, meta) = self.paths(key);
         let _ = fs::remove_file(meta);
         let _ = fs::remove_file(data);

@@ -306,6 +306,7 @@ fn serve(args: Args) -> anyhow::Result<i32> {
             return Err(e);
         }
     };
+    raise_kernel_readahead(&args.mountpoint);
     if let Some(mut f) = ready.take() {
         let _ = f.write_all(b"ok\n");
     }
@@ -364,6 +365,22 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
     let mounted = mount(core.clone(), &args.mountpoint, &opts)
         .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;
     Ok((core, mounted))
+}
+
+/// The kernel offers FUSE only 128 KiB of read-ahead at init, so daemon-served reads arrive in
+/// 128 KiB pieces; as root, raise the mount's read-ahead to one cache block (1 MiB), which the
+/// kernel then sends as single requests. Best effort: without root it stays at 128 KiB.
+fn raise_kernel_readahead(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = fs::metadata(mountpoint) else {
+        return;
+    };
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = fs::write(&path, b"1024") {
+        tracing::debug!(error = %e, path, "could not raise the mount's read-ahead");
+    }
 }
 
 fn block_signals() -> anyhow::Result<libc::sigset_t> {
