@@ -38,7 +38,7 @@ def make_photos(d, n):
         w, h = (long, short) if rng.random() < 0.75 else (short, long)
         img = gen_dataset.photo(rng, w, h).astype(np.float32)
         # Fine texture so the file size resembles a real photo (~110 KB at q90).
-        img += rng.normal(0, 9, img.shape)
+        img += rng.normal(0, 18, img.shape)
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
             os.path.join(d, f"p{i:04d}.jpg"), quality=90)
 

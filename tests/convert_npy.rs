@@ -8,14 +8,16 @@ use std::sync::Arc;
 
 use stagefs_convert::{DirSource, View, ViewKind, ViewOptions, ViewSet};
 
+type Res = Result<(), Box<dyn std::error::Error>>;
+
 /// A deterministic RGB PNG of `w`×`h` with a pattern depending on `seed`.
-fn write_png(path: &Path, w: u32, h: u32, seed: u32) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let file = std::fs::File::create(path).unwrap();
+fn write_png(path: &Path, w: u32, h: u32, seed: u32) -> Res {
+    std::fs::create_dir_all(path.parent().ok_or("no parent")?)?;
+    let file = std::fs::File::create(path)?;
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
-    let mut writer = enc.write_header().unwrap();
+    let mut writer = enc.write_header()?;
     let mut data = Vec::with_capacity((w * h * 3) as usize);
     for y in 0..h {
         for x in 0..w {
@@ -24,10 +26,11 @@ fn write_png(path: &Path, w: u32, h: u32, seed: u32) {
             data.push(((x + y + seed * 7) % 256) as u8);
         }
     }
-    writer.write_image_data(&data).unwrap();
+    writer.write_image_data(&data)?;
+    Ok(())
 }
 
-fn dataset(dir: &Path) -> PathBuf {
+fn dataset(dir: &Path) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let src = dir.join("src");
     for (i, class) in ["ant", "bee", "cow"].iter().enumerate() {
         for j in 0..6u32 {
@@ -37,15 +40,14 @@ fn dataset(dir: &Path) -> PathBuf {
                 w,
                 h,
                 j + 10 * i as u32,
-            );
+            )?;
         }
     }
     std::fs::write(
         src.join("bee").join("zz_bad.png"),
         b"\x89PNG\r\n\x1a\nnot really",
-    )
-    .unwrap();
-    src
+    )?;
+    Ok(src)
 }
 
 /// xorshift64*: deterministic offsets without a dependency on a particular rand API.
@@ -59,7 +61,7 @@ fn next(state: &mut u64) -> u64 {
 #[test]
 fn random_offset_reads_from_many_threads_equal_the_converted_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = dataset(tmp.path());
+    let src = dataset(tmp.path()).unwrap();
     let out = tmp.path().join("out");
     let status = Command::new(env!("CARGO_BIN_EXE_stagefs"))
         .args([
@@ -117,7 +119,7 @@ fn random_offset_reads_from_many_threads_equal_the_converted_file() {
 #[test]
 fn announced_sizes_equal_written_sizes() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = dataset(tmp.path());
+    let src = dataset(tmp.path()).unwrap();
     let out = tmp.path().join("out");
     let p = Command::new(env!("CARGO_BIN_EXE_stagefs"))
         .args([

@@ -257,22 +257,22 @@ impl Table {
         }
         if name == FEATURES {
             let header = self.features_header();
-            return Some(Arc::new(TableView {
-                table: self.clone(),
-                part: Part::Features,
+            return Some(Arc::new(TableView::new(
+                self.clone(),
+                Part::Features,
                 header,
-            }));
+            )));
         }
         let c = self
             .columns
             .iter()
             .position(|c| c.file.as_deref() == Some(name))?;
         let header = self.column_header(c)?;
-        Some(Arc::new(TableView {
-            table: self.clone(),
-            part: Part::Column(c),
+        Some(Arc::new(TableView::new(
+            self.clone(),
+            Part::Column(c),
             header,
-        }))
+        )))
     }
 
     fn corrupt(&self, reason: impl ToString) -> ViewError {
@@ -372,9 +372,20 @@ struct TableView {
     table: Arc<Table>,
     part: Part,
     header: NpyHeader,
+    header_bytes: Vec<u8>,
 }
 
 impl TableView {
+    fn new(table: Arc<Table>, part: Part, header: NpyHeader) -> Self {
+        let header_bytes = header.encode();
+        TableView {
+            table,
+            part,
+            header,
+            header_bytes,
+        }
+    }
+
     fn row_bytes(&self) -> u64 {
         self.header.row_bytes()
     }
@@ -386,10 +397,9 @@ impl View for TableView {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, ViewError> {
-        let header = self.header.encode();
         let row_bytes = self.row_bytes();
         read_rows(
-            &header,
+            &self.header_bytes,
             row_bytes,
             self.table.rows,
             offset,
