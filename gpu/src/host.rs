@@ -108,8 +108,12 @@ struct CopyOp {
 // anyone else until the copy's completion is observed through an event.
 unsafe impl Send for CopyOp {}
 
+/// Work run on a stream's thread, like a kernel launch.
+type Kernel = Box<dyn FnOnce() + Send>;
+
 enum Op {
     Copy(CopyOp),
+    Run(Kernel),
     Record(Arc<HostEvent>, u64),
     Wait(Arc<HostEvent>, u64),
 }
@@ -135,6 +139,7 @@ impl Stream {
                             // against both buffers when the copy was enqueued.
                             unsafe { std::ptr::copy_nonoverlapping(c.src, c.dst, c.len) };
                         }
+                        Op::Run(kernel) => kernel(),
                         Op::Record(ev, generation) => ev.complete(generation),
                         Op::Wait(ev, generation) => ev.wait_for(generation),
                     }
@@ -190,6 +195,30 @@ impl HostDevice {
             StreamKind::Copy => &self.copy,
             StreamKind::Consumer => &self.consumer,
         }
+    }
+
+    /// Enqueues `kernel` on the consumer stream, called with the first `len` bytes of `buf`
+    /// when the stream reaches it — the host device's kernel launch.
+    ///
+    /// # Safety
+    /// `buf` must stay alive, and nothing may write it, until an event recorded on the consumer
+    /// stream after this call has completed.
+    pub unsafe fn launch(
+        &self,
+        buf: &HostDeviceBuffer,
+        len: usize,
+        kernel: impl FnOnce(&[u8]) + Send + 'static,
+    ) -> Result<(), DeviceError> {
+        let data = CopyOp {
+            src: buf.ptr(),
+            dst: std::ptr::null_mut(),
+            len: len.min(buf.len()),
+        };
+        self.consumer.send(Op::Run(Box::new(move || {
+            let data = data;
+            // SAFETY: the caller keeps the buffer alive and unwritten until this has run.
+            kernel(unsafe { std::slice::from_raw_parts(data.src, data.len) })
+        })))
     }
 
     /// The first `len` bytes of a device buffer, read directly.

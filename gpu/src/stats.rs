@@ -36,7 +36,8 @@ pub struct Stats {
     pub consumer_wait: Duration,
     /// Time reader threads spent inside storage reads, summed over all readers.
     pub storage_read: Duration,
-    /// Time the reader side waited for the consumer to release a ring buffer.
+    /// Time reader threads waited for a free ring buffer (the consumer still holding it, or its
+    /// previous copy still running), summed over all readers.
     pub ring_full_wait: Duration,
     /// Number of reader threads (to turn `storage_read` into a per-reader share).
     pub readers: usize,
@@ -78,9 +79,11 @@ impl Stats {
             / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// Share of wall time the reader side waited for a free ring buffer, 0..=1.
+    /// Share of wall time an average reader waited for a free ring buffer, 0..=1.
     pub fn ring_full_share(&self) -> f64 {
-        self.ring_full_wait.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+        self.ring_full_wait.as_secs_f64()
+            / self.readers.max(1) as f64
+            / self.elapsed.as_secs_f64().max(1e-9)
     }
 
     /// One-line answer to "is the consumer I/O-bound?".

@@ -388,9 +388,7 @@ fn dispatch<D: Device>(
         if shared.cancel.load(Ordering::Relaxed) {
             return;
         }
-        let waited = Instant::now();
         let Ok(slot) = free_rx.recv() else { return };
-        add_since(&shared.counters.ring_wait_ns, waited);
         if shared.cancel.load(Ordering::Relaxed) || job_tx.send(Job { planned: p, slot }).is_err() {
             return;
         }
@@ -398,7 +396,13 @@ fn dispatch<D: Device>(
 }
 
 fn read_loop<D: Device>(shared: &Shared<D>, job_rx: &Receiver<Job>, msg_tx: &Sender<Msg>) {
-    for job in job_rx {
+    loop {
+        // A reader without a job is waiting for the consumer to release a ring slot: the
+        // dispatcher hands out jobs as soon as slots are free.
+        let waited = Instant::now();
+        let job = job_rx.recv();
+        add_since(&shared.counters.ring_wait_ns, waited);
+        let Ok(job) = job else { return };
         if shared.cancel.load(Ordering::Relaxed) {
             return;
         }
@@ -431,8 +435,12 @@ fn fill<D: Device>(shared: &Shared<D>, job: &Job) -> Result<(), StreamError> {
     let len = ((rows.end - rows.start) * source.row_bytes) as usize;
     let offset = source.offset + rows.start * source.row_bytes;
     let device = &shared.device;
-    // The host buffer may still be the source of this slot's previous copy.
-    device.event_synchronize(&slot.copied)?;
+    // The host buffer may still be the source of this slot's previous copy: the slot is not
+    // free until that copy is done, so this counts as waiting for a free buffer.
+    let waited = Instant::now();
+    let synced = device.event_synchronize(&slot.copied);
+    add_since(&shared.counters.ring_wait_ns, waited);
+    synced?;
     let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
     let read = Instant::now();
     let result = read_full(source.reader.as_ref(), &mut host.as_mut()[..len], offset);
@@ -549,6 +557,18 @@ impl<'a> Batch<'a, HostDevice> {
         // SAFETY: the copy into this slot is complete (synchronized above) and no new copy into
         // it is issued until this batch is dropped, which the returned borrow prevents.
         Ok(unsafe { HostDevice::device_bytes(self.device_buffer(), self.meta.len) })
+    }
+
+    /// Runs `kernel` on the batch's bytes on the consumer stream, after the batch's copy and
+    /// without blocking the host: how a GPU consumer uses a batch. The batch may be dropped
+    /// right after; its buffer is not reused until the kernel has run.
+    pub fn launch(&self, kernel: impl FnOnce(&[u8]) + Send + 'static) -> Result<(), StreamError> {
+        self.wait_on_consumer_stream()?;
+        let device = &self.streamer.shared.device;
+        // SAFETY: the slot's buffer lives until the streamer is dropped (which synchronizes the
+        // device first) and is not written again before the consumed event, recorded on the
+        // consumer stream after this kernel when the batch is dropped, has completed.
+        Ok(unsafe { device.launch(self.device_buffer(), self.meta.len, kernel) }?)
     }
 }
 
