@@ -3,6 +3,9 @@
 //! truncated files; slow readers, slow consumers and slow copies. Every test body runs under a
 //! watchdog so a deadlock fails the test instead of hanging CI.
 
+// Tests may unwrap: a failed unwrap is a failed test with its reason.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io;
