@@ -138,6 +138,7 @@ pub struct Streamer<D: Device> {
     receiving: Mutex<Receiving>,
     total: u64,
     readers: usize,
+    batch_bytes: usize,
     started: Instant,
     ended: Mutex<Option<Duration>>,
     threads: Vec<JoinHandle<()>>,
@@ -247,6 +248,7 @@ impl<D: Device> Streamer<D> {
             }),
             total,
             readers,
+            batch_bytes,
             started: Instant::now(),
             ended: Mutex::new(None),
             threads,
@@ -261,6 +263,11 @@ impl<D: Device> Streamer<D> {
     /// Whether the stream delivers no batch at all.
     pub fn is_empty(&self) -> bool {
         self.total == 0
+    }
+
+    /// Bytes of each ring buffer: the largest batch (host and device use K of these each).
+    pub fn batch_bytes(&self) -> usize {
+        self.batch_bytes
     }
 
     /// The device the stream feeds.
