@@ -30,12 +30,20 @@ nproc; free -g | head -2
 df -hT "$CHECK_DIR" | tail -1
 
 say "build (--features cuda, release)"
+# A GPU machine may have no crate registry: a binary built elsewhere with --features cuda
+# (target/gpu-bin/stagefs, see the README) is used when present.
+if [[ -z "${STAGEFS_BIN:-}" && -x target/gpu-bin/stagefs ]]; then STAGEFS_BIN=$PWD/target/gpu-bin/stagefs; fi
 if [[ -n "${STAGEFS_BIN:-}" ]]; then
   BIN=$STAGEFS_BIN
   echo "using prebuilt $BIN"
 else
   start=$(date +%s)
-  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --features cuda --bin stagefs
+  if ! CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --features cuda --bin stagefs; then
+    echo "build failed (no crate registry here?): build on another machine with"
+    echo "  cargo build --release --features cuda --bin stagefs && strip -o target/gpu-bin/stagefs target/release/stagefs"
+    echo "and bring target/gpu-bin/stagefs along"
+    exit 1
+  fi
   echo "built in $(( $(date +%s) - start )) s"
   BIN=$PWD/target/release/stagefs
 fi
@@ -104,6 +112,9 @@ RESULTS=()
 say "page cache"
 cat "$FILE" > /dev/null
 RESULTS+=("$(run page_cache "$FILE" --device "$GPU" --epochs "$EPOCHS_WARM" $PEAK_FLAG)")
+for r in 2 4 8 16; do
+  RESULTS+=("$(run "page_cache_readers_$r" "$FILE" --device "$GPU" --epochs "$EPOCHS_WARM" --readers "$r" --ring $(( r + 4 )))")
+done
 RESULTS+=("$(run page_cache_shuffled_verify "$FILE" --device "$GPU" --shuffle --seed 1 --verify)")
 
 say "local disk"

@@ -94,6 +94,12 @@ pub enum StreamError {
     /// The device backend failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The consumer holds all ring buffers and asked for one more batch.
+    #[error("the consumer holds all {ring} ring buffers; drop a batch before asking for the next (or use a larger ring)")]
+    RingHeld {
+        /// Ring size K.
+        ring: usize,
+    },
     /// A reader thread died without reporting an error (a bug).
     #[error("a reader thread stopped unexpectedly")]
     ReaderGone,

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -138,6 +138,8 @@ pub struct Streamer<D: Device> {
     receiving: Mutex<Receiving>,
     total: u64,
     readers: usize,
+    ring: usize,
+    held: AtomicUsize,
     batch_bytes: usize,
     started: Instant,
     ended: Mutex<Option<Duration>>,
@@ -248,6 +250,8 @@ impl<D: Device> Streamer<D> {
             }),
             total,
             readers,
+            ring: config.ring,
+            held: AtomicUsize::new(0),
             batch_bytes,
             started: Instant::now(),
             ended: Mutex::new(None),
@@ -282,7 +286,9 @@ impl<D: Device> Streamer<D> {
 
     /// The next batch in plan order, blocking until its copy has been issued; `None` at the end.
     ///
-    /// After an error the stream is over: later calls return `None`.
+    /// After an error the stream is over: later calls return `None` — except
+    /// [`StreamError::RingHeld`] (the consumer holds every ring buffer), after which dropping a
+    /// batch and calling again continues.
     pub fn next_batch(&self) -> Option<Result<Batch<'_, D>, StreamError>> {
         let mut r = self
             .receiving
@@ -295,6 +301,10 @@ impl<D: Device> Streamer<D> {
             r.finished = true;
             self.mark_end();
             return None;
+        }
+        if self.held.load(Ordering::Acquire) >= self.ring {
+            // Every slot is in the consumer's hands: waiting for the next batch would never end.
+            return Some(Err(StreamError::RingHeld { ring: self.ring }));
         }
         loop {
             let next = r.next_seq;
@@ -348,6 +358,7 @@ impl<D: Device> Streamer<D> {
         if source.dtype.is_some() {
             shape.extend_from_slice(&source.row_shape);
         }
+        self.held.fetch_add(1, Ordering::AcqRel);
         let c = &self.shared.counters;
         c.bytes.fetch_add(len as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
@@ -591,6 +602,7 @@ impl<D: Device> Drop for Batch<'_, D> {
                 self.meta.seq
             );
         }
+        self.streamer.held.fetch_sub(1, Ordering::AcqRel);
         if let Some(tx) = &self.streamer.free_tx {
             let _ = tx.send(self.slot);
         }

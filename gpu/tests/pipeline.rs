@@ -483,6 +483,29 @@ fn batches_held_together_stay_intact_and_verify_against_the_file() {
 }
 
 #[test]
+fn asking_for_a_batch_while_holding_the_whole_ring_is_an_error_not_a_deadlock() {
+    watchdog(30, || {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, data) = write_npy(dir.path(), "r.npy", DType::U8, &[10, 4], 14);
+        let streamer = Streamer::new(
+            Arc::new(HostDevice::new().unwrap()),
+            vec![Source::npy(&path).unwrap()],
+            &config(2, 2, 1),
+        )
+        .unwrap();
+        let first = streamer.next_batch().unwrap().unwrap();
+        let second = streamer.next_batch().unwrap().unwrap();
+        let err = streamer.next_batch().unwrap().err().unwrap();
+        assert!(matches!(err, StreamError::RingHeld { ring: 2 }), "{err}");
+        assert_eq!(first.data().unwrap(), &data[..8]);
+        drop(first);
+        let third = streamer.next_batch().unwrap().unwrap();
+        assert_eq!(second.data().unwrap(), &data[8..16]);
+        assert_eq!(third.data().unwrap(), &data[16..24]);
+    });
+}
+
+#[test]
 fn dropping_the_streamer_mid_stream_stops_its_threads() {
     watchdog(30, || {
         let dir = tempfile::tempdir().unwrap();
