@@ -115,6 +115,11 @@ RESULTS+=("$(run page_cache "$FILE" --device "$GPU" --epochs "$EPOCHS_WARM" $PEA
 for r in 2 4 8 16; do
   RESULTS+=("$(run "page_cache_readers_$r" "$FILE" --device "$GPU" --epochs "$EPOCHS_WARM" --readers "$r" --ring $(( r + 4 )))")
 done
+# Fed at 0.9x the copy peak from page cache, a job should rarely wait.
+if [[ -n "${PEAK:-}" ]]; then
+  FEED=$(awk -v p="$PEAK" 'BEGIN { printf "%.3f", 0.9 * p }')
+  RESULTS+=("$(run "page_cache_consumer_at_${FEED}GBps" "$FILE" --device "$GPU" --epochs "$EPOCHS_WARM" --consume-gbps "$FEED")")
+fi
 RESULTS+=("$(run page_cache_shuffled_verify "$FILE" --device "$GPU" --shuffle --seed 1 --verify)")
 
 say "local disk"
@@ -127,6 +132,10 @@ evict_all
 RESULTS+=("$(run disk_cpu_sink "$FILE" --device cpu --cold)")
 evict_all
 RESULTS+=("$(run disk "$FILE" --device "$GPU" --cold $PEAK_FLAG)")
+# Fed at 0.9x the disk rate, a job should rarely wait (issue 6: < 5% of the time).
+FEED=$(awk -v d="$DD_GBPS" 'BEGIN { printf "%.3f", 0.9 * d }')
+evict_all
+RESULTS+=("$(run "disk_consumer_at_${FEED}GBps" "$FILE" --device "$GPU" --cold --consume-gbps "$FEED")")
 RESULTS+=("$(run disk_verify "$FILE" --device "$GPU" --cold --verify)")
 
 say "through a stagefs mount"

@@ -119,6 +119,10 @@ fn bad_device_choices_are_clear_errors_never_crashes() {
     let out = stagefs(&["--bench-peak", "--device", "cpu"]);
     assert_eq!(out.status.code(), Some(1));
 
+    let out = stagefs(&[p, "--device", "cpu", "--consume-gbps", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--consume-gbps"));
+
     // GPU 0: without the cuda feature a rebuild hint; with it, either a GPU works or the
     // missing driver is reported — never a panic (exit code 101).
     let out = stagefs(&[p, "--device", "0"]);

@@ -4,9 +4,8 @@
 //! The sink waits on each batch's ready event from the host, so "device waited on data" is the
 //! time a GPU job would have idled for lack of input. Defaults: batches of about
 //! [`AUTO_BATCH_BYTES`] (large enough that per-batch costs vanish, small enough that the ring
-//! stays a few hundred MB), a ring of 8 (readers can run ahead by several batches while the
-//! consumer holds one), and up to 4 reader threads (one `pread` stream from page cache tops out
-//! near 10 GB/s; four approach a PCIe Gen5 link).
+//! stays a few hundred MB), up to [`MAX_AUTO_READERS`] reader threads, and a ring of 4 more
+//! slots than readers (every reader busy while the consumer holds a batch and copies run).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,6 +16,10 @@ use stagefs_gpu::{Device, HostDevice, Source, Stats, StreamConfig, Streamer};
 
 /// Batch size chosen when `--batch-rows` is not given.
 const AUTO_BATCH_BYTES: u64 = 32 << 20;
+
+/// Reader threads by default at most: one `pread` stream from page cache copies about 6–10 GB/s,
+/// so eight cover a PCIe Gen5 x16 link (≈ 55 GB/s) with some to spare.
+const MAX_AUTO_READERS: usize = 8;
 
 /// Batches checked by `--verify` at most (spread evenly over the stream).
 const VERIFY_SAMPLES: u64 = 64;
@@ -29,6 +32,7 @@ Examples:
   stagefs stream train/*.npy --batch-rows 256 --epochs 3 --shuffle --seed 7
   stagefs stream big.npy --cold --device 0        # from disk, not the page cache
   stagefs stream --bench-peak --device 0          # the pinned host-to-device copy peak
+  stagefs stream big.npy --cold --consume-gbps 5  # can storage feed a job eating 5 GB/s?
 
 Reading the report: if the device waited on data for more than a few percent of the time, the
 job is I/O-bound (storage or the bus cannot keep up); if the readers waited for free buffers,
@@ -53,10 +57,11 @@ pub struct Args {
     /// Seed for --shuffle.
     #[arg(long, default_value_t = 0, value_name = "S", requires = "shuffle")]
     seed: u64,
-    /// Ring buffers K (pinned host and device memory used: K × batch bytes each).
-    #[arg(long, default_value_t = 8, value_name = "K")]
-    ring: usize,
-    /// Reader threads [default: min(4, CPU cores)].
+    /// Ring buffers K (pinned host and device memory used: K × batch bytes each)
+    /// [default: readers + 4, at least 8].
+    #[arg(long, value_name = "K")]
+    ring: Option<usize>,
+    /// Reader threads [default: min(8, CPU cores)].
     #[arg(long, value_name = "R")]
     readers: Option<usize>,
     /// Copy a sample of batches back from the device and compare CRC-32s with the files.
@@ -68,6 +73,10 @@ pub struct Args {
     /// Measure the pinned host-to-device copy peak (CUDA) and report ratios against it.
     #[arg(long)]
     bench_peak: bool,
+    /// Make the consumer take len/RATE seconds per batch, like a training step consuming RATE
+    /// GB/s: checks that a job of that speed is kept fed (the device should then rarely wait).
+    #[arg(long, value_name = "RATE")]
+    consume_gbps: Option<f64>,
     /// Print the report as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -181,6 +190,12 @@ fn evict(path: &PathBuf) -> anyhow::Result<()> {
 }
 
 fn stream<D: Device>(device: Arc<D>, args: &Args, peak: Option<f64>) -> anyhow::Result<i32> {
+    if args
+        .consume_gbps
+        .is_some_and(|r| !(r > 0.0 && r.is_finite()))
+    {
+        bail!("--consume-gbps must be a positive number of GB/s");
+    }
     if args.cold {
         for path in &args.files {
             evict(path)?;
@@ -206,10 +221,11 @@ fn stream<D: Device>(device: Arc<D>, args: &Args, peak: Option<f64>) -> anyhow::
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
+    let readers = args.readers.unwrap_or(cores.min(MAX_AUTO_READERS));
     let config = StreamConfig {
         batch_rows,
-        ring: args.ring,
-        readers: args.readers.unwrap_or(cores.min(4)),
+        ring: args.ring.unwrap_or((readers + 4).max(8)),
+        readers,
         epochs: args.epochs,
         shuffle_seed: args.shuffle.then_some(args.seed),
     };
@@ -234,6 +250,11 @@ fn stream<D: Device>(device: Arc<D>, args: &Args, peak: Option<f64>) -> anyhow::
     while let Some(batch) = streamer.next_batch() {
         let batch = batch?;
         batch.synchronize()?;
+        if let Some(rate) = args.consume_gbps {
+            std::thread::sleep(std::time::Duration::from_secs_f64(
+                batch.len() as f64 / (rate * 1e9),
+            ));
+        }
         if args.verify && (batch.meta().seq % every == 0 || batch.meta().seq + 1 == total) {
             let check = batch.verify()?;
             verified += 1;
@@ -265,7 +286,8 @@ fn stream<D: Device>(device: Arc<D>, args: &Args, peak: Option<f64>) -> anyhow::
                 peak,
                 args.verify,
                 verified,
-                &mismatches
+                &mismatches,
+                args.consume_gbps
             )
         );
     } else {
@@ -333,6 +355,7 @@ fn json_report(
     verify: bool,
     verified: u64,
     mismatches: &[String],
+    consume_gbps: Option<f64>,
 ) -> serde_json::Value {
     serde_json::json!({
         "device": device,
@@ -343,6 +366,7 @@ fn json_report(
         "ring": c.ring,
         "readers": s.readers,
         "epochs": c.epochs,
+        "consume_gbps": consume_gbps,
         "seconds": s.elapsed.as_secs_f64(),
         "gb_per_s": s.gb_per_s(),
         "batches_per_s": s.batches_per_s(),
