@@ -18,7 +18,7 @@ pub enum StreamKind {
     Consumer,
 }
 
-/// A device the streamer can feed: CUDA ([`crate::CudaDevice`], feature `cuda`) or host memory
+/// A device the streamer can feed: CUDA (`CudaDevice`, feature `cuda`) or host memory
 /// ([`crate::HostDevice`]).
 pub trait Device: Send + Sync + 'static {
     /// Page-locked host memory the reader fills.

@@ -8,7 +8,7 @@
 //! the ring is full; dropping a [`Batch`] returns its buffers. Shuffling by batch is
 //! deterministic for a seed. [`Stats`] tell who waited on whom.
 //!
-//! The device is a trait: [`CudaDevice`] (feature `cuda`; libcuda is loaded at run time, so the
+//! The device is a trait: `CudaDevice` (feature `cuda`; libcuda is loaded at run time, so the
 //! crate builds and runs without CUDA) or [`HostDevice`], host memory with asynchronous stream
 //! threads that tests use to check the pipeline without a GPU.
 //!
