@@ -77,8 +77,8 @@ if [[ ! -f "$FILE" || $(stat -c %s "$FILE") -ne $(( 10 + HLEN + ROWS * 1048576 )
     printf '%s%*s\n' "$DICT" "$PAD" ""
   } > "$FILE"
   [[ $(stat -c %s "$FILE") -eq $(( 10 + HLEN )) ]] || { echo "header size wrong"; exit 1; }
-  # Four writers of random bytes in parallel, each filling a quarter of the rows.
-  PARTS=4
+  # Writers of random bytes in parallel (one per core, up to 8), each filling its share of rows.
+  PARTS=$(( $(nproc) < 8 ? $(nproc) : 8 ))
   per=$(( (ROWS + PARTS - 1) / PARTS ))
   pids=()
   for ((i = 0; i < PARTS; i++)); do
