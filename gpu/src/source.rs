@@ -1,0 +1,199 @@
+//! Sources: which bytes of which file become rows, and how they are read.
+//!
+//! A [`Source`] is a `.npy` file (its header parsed with `stagefs_convert::npy`), optionally cut
+//! to a row range, or a raw byte range with a row size. Reads go through [`ReadAt`] so a file, a
+//! cache or a test's deliberately slow reader all plug in; files are read with positioned reads
+//! (`pread`), which need no shared file offset and so serve several reader threads at once.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use stagefs_convert::npy::{DType, NpyHeader, MAX_HEADER_LEN};
+
+use crate::error::StreamError;
+
+/// Positioned reads from something with a length (a file, a cache, a test double).
+pub trait ReadAt: Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at end of data).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Current length in bytes.
+    fn size(&self) -> io::Result<u64>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+}
+
+/// Rows to stream: a byte range of a file cut into rows of equal size.
+#[derive(Clone)]
+pub struct Source {
+    /// The file, for messages and reports.
+    pub path: PathBuf,
+    /// Element type, when known from a `.npy` header.
+    pub dtype: Option<DType>,
+    /// Shape of one row (the array's shape without its first axis).
+    pub row_shape: Vec<u64>,
+    /// Bytes per row.
+    pub row_bytes: u64,
+    /// File offset of the first streamed row.
+    pub offset: u64,
+    /// Number of streamed rows.
+    pub rows: u64,
+    /// Where the bytes come from.
+    pub reader: Arc<dyn ReadAt>,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("path", &self.path)
+            .field("dtype", &self.dtype)
+            .field("row_shape", &self.row_shape)
+            .field("offset", &self.offset)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl Source {
+    /// All rows of the `.npy` file at `path`.
+    pub fn npy(path: impl AsRef<Path>) -> Result<Source, StreamError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| StreamError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Source::npy_from_reader(path, Arc::new(file))
+    }
+
+    /// All rows of a `.npy` file read through `reader`; `path` names it in messages.
+    pub fn npy_from_reader(path: PathBuf, reader: Arc<dyn ReadAt>) -> Result<Source, StreamError> {
+        let io_err = |source| StreamError::Io {
+            path: path.clone(),
+            source,
+        };
+        let len = reader.size().map_err(io_err)?;
+        let mut head = vec![0u8; (len as usize).min(MAX_HEADER_LEN + 2)];
+        read_full(reader.as_ref(), &mut head, 0).map_err(io_err)?;
+        let (header, data_start) =
+            NpyHeader::parse(&head).map_err(|source| StreamError::Header {
+                path: path.clone(),
+                source,
+            })?;
+        let Some((&rows, row_shape)) = header.shape.split_first() else {
+            return Err(StreamError::Scalar { path });
+        };
+        let source = Source {
+            dtype: Some(header.dtype),
+            row_shape: row_shape.to_vec(),
+            row_bytes: header.row_bytes(),
+            offset: data_start as u64,
+            rows,
+            reader,
+            path,
+        };
+        source.check_length()?;
+        Ok(source)
+    }
+
+    /// `rows` bytes-rows of `row_bytes` each starting at byte `offset` of any file (no header).
+    pub fn raw(
+        path: impl AsRef<Path>,
+        offset: u64,
+        row_bytes: u64,
+        rows: u64,
+    ) -> Result<Source, StreamError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|source| StreamError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if row_bytes == 0 {
+            return Err(StreamError::Config(format!(
+                "{}: a row must have at least one byte",
+                path.display()
+            )));
+        }
+        let source = Source {
+            path,
+            dtype: None,
+            row_shape: vec![row_bytes],
+            row_bytes,
+            offset,
+            rows,
+            reader: Arc::new(file),
+        };
+        source.check_length()?;
+        Ok(source)
+    }
+
+    /// The same source cut to `rows` (relative to the rows it has now).
+    pub fn rows(mut self, rows: Range<u64>) -> Result<Source, StreamError> {
+        if rows.start > rows.end || rows.end > self.rows {
+            return Err(StreamError::RowRange {
+                path: self.path,
+                start: rows.start,
+                end: rows.end,
+                rows: self.rows,
+            });
+        }
+        self.offset += rows.start * self.row_bytes;
+        self.rows = rows.end - rows.start;
+        Ok(self)
+    }
+
+    /// Bytes of data this source streams.
+    pub fn data_bytes(&self) -> u64 {
+        self.rows * self.row_bytes
+    }
+
+    fn check_length(&self) -> Result<(), StreamError> {
+        let have = self.reader.size().map_err(|source| StreamError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let end = self.offset + self.data_bytes();
+        if have < end {
+            return Err(StreamError::Truncated {
+                path: self.path.clone(),
+                need: self.data_bytes(),
+                end,
+                have,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Fills `buf` from `offset`; fails with `UnexpectedEof` if the data ends first.
+pub(crate) fn read_full(reader: &dyn ReadAt, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match reader.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "file ended at byte {} while reading {} bytes at {}",
+                        offset + done as u64,
+                        buf.len(),
+                        offset
+                    ),
+                ))
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

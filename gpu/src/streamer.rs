@@ -1,0 +1,626 @@
+//! The streaming pipeline: a dispatcher, reader threads and an in-order consumer over a ring of
+//! K buffer pairs (pinned host buffer + device buffer + two events).
+//!
+//! The dispatcher walks the batch plan and hands each batch a free ring slot, blocking while all
+//! K are in use (back-pressure; memory stays K × batch bytes on each side). Slots are handed out
+//! in plan order, so the batch the consumer needs next always holds a slot and the pipeline
+//! cannot deadlock however readers finish. Each reader waits until its slot's previous copy left
+//! the host buffer, fills it with one positioned read, makes the copy stream wait until the
+//! consumer released the slot's device buffer, enqueues the host→device copy and records the
+//! slot's copy-done event. The consumer reorders finished batches by sequence number and hands
+//! them out in plan order; dropping a [`Batch`] records the consumed event on the consumer
+//! stream and returns the slot to the ring.
+//!
+//! Channels: free slots (capacity K), jobs (capacity K: a job always holds a slot), results
+//! (unbounded, but never more than K messages since each holds a slot). Errors stop the readers
+//! and surface at the consumer's next call.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use stagefs_convert::npy::DType;
+
+use crate::device::{Device, StreamKind};
+use crate::error::StreamError;
+use crate::host::HostDevice;
+use crate::plan::{plan, PlannedBatch};
+use crate::source::{read_full, Source};
+use crate::stats::{add_since, Counters, Stats};
+
+/// The largest batch accepted (bytes): beyond this a single pinned buffer is more than most
+/// hosts can lock, and a smaller batch streams just as fast.
+pub const MAX_BATCH_BYTES: u64 = 16 << 30;
+
+/// How a [`Streamer`] runs.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// Rows per batch (the last batch of each source may have fewer).
+    pub batch_rows: u64,
+    /// Ring slots K: batches that may be in flight at once (read, copying, or held by the consumer).
+    pub ring: usize,
+    /// Reader threads reading batches in parallel (clamped to `ring`).
+    pub readers: usize,
+    /// Passes over all sources.
+    pub epochs: u32,
+    /// Shuffle the batch order of every epoch with this seed (`None`: file order).
+    pub shuffle_seed: Option<u64>,
+}
+
+impl Default for StreamConfig {
+    /// 1024 rows, 4 slots (two in flight while the consumer holds one and one is being read),
+    /// 2 readers, one epoch, file order.
+    fn default() -> Self {
+        StreamConfig {
+            batch_rows: 1024,
+            ring: 4,
+            readers: 2,
+            epochs: 1,
+            shuffle_seed: None,
+        }
+    }
+}
+
+/// What a batch holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// Position in the stream, from 0 over all epochs.
+    pub seq: u64,
+    /// Epoch, from 0.
+    pub epoch: u32,
+    /// Index of the source in the list given to [`Streamer::new`].
+    pub source: usize,
+    /// The source's file.
+    pub path: PathBuf,
+    /// Rows of the source in this batch.
+    pub rows: Range<u64>,
+    /// File offset of the batch's first byte.
+    pub offset: u64,
+    /// Bytes in the batch.
+    pub len: usize,
+    /// Element type, when the source is a `.npy` file.
+    pub dtype: Option<DType>,
+    /// Shape of the batch: rows, then the source's row shape.
+    pub shape: Vec<u64>,
+}
+
+/// One slot of the ring.
+struct Slot<D: Device> {
+    host: Mutex<D::HostBuffer>,
+    device: D::DeviceBuffer,
+    copied: D::Event,
+    consumed: D::Event,
+}
+
+struct Job {
+    planned: PlannedBatch,
+    slot: usize,
+}
+
+struct Ready {
+    planned: PlannedBatch,
+    slot: usize,
+}
+
+enum Msg {
+    Ready(Ready),
+    Failed(StreamError),
+}
+
+/// Consumer-side state: finished batches waiting for their turn.
+struct Receiving {
+    rx: Receiver<Msg>,
+    pending: BTreeMap<u64, Ready>,
+    next_seq: u64,
+    finished: bool,
+}
+
+/// Everything the threads share.
+struct Shared<D: Device> {
+    device: Arc<D>,
+    sources: Vec<Source>,
+    slots: Vec<Slot<D>>,
+    counters: Counters,
+    cancel: AtomicBool,
+}
+
+/// Streams batches of rows from files into device buffers through a ring of pinned buffers.
+///
+/// See the crate documentation for an example.
+pub struct Streamer<D: Device> {
+    shared: Arc<Shared<D>>,
+    free_tx: Option<Sender<usize>>,
+    receiving: Mutex<Receiving>,
+    total: u64,
+    readers: usize,
+    ring: usize,
+    held: AtomicUsize,
+    batch_bytes: usize,
+    started: Instant,
+    ended: Mutex<Option<Duration>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<D: Device> Streamer<D> {
+    /// Allocates the ring on `device` and starts reading `sources` at once.
+    pub fn new(
+        device: Arc<D>,
+        sources: Vec<Source>,
+        config: &StreamConfig,
+    ) -> Result<Self, StreamError> {
+        if sources.is_empty() {
+            return Err(StreamError::Config("no sources to stream".into()));
+        }
+        if config.batch_rows == 0 {
+            return Err(StreamError::Config("batch rows must be at least 1".into()));
+        }
+        if config.ring == 0 {
+            return Err(StreamError::Config(
+                "the ring needs at least 1 buffer (2 or more to overlap)".into(),
+            ));
+        }
+        let batch_bytes = sources
+            .iter()
+            .map(|s| s.rows.min(config.batch_rows).checked_mul(s.row_bytes))
+            .try_fold(0u64, |max, b| b.map(|b| max.max(b)))
+            .filter(|&b| b <= MAX_BATCH_BYTES)
+            .ok_or_else(|| {
+                StreamError::Config(format!(
+                    "{} rows per batch make batches over {} GiB; use fewer --batch-rows",
+                    config.batch_rows,
+                    MAX_BATCH_BYTES >> 30
+                ))
+            })?;
+        let batch_bytes = usize::try_from(batch_bytes)
+            .map_err(|_| StreamError::Config("batch too large for this platform".into()))?;
+        let readers = config.readers.clamp(1, config.ring);
+
+        let mut slots = Vec::with_capacity(config.ring);
+        for _ in 0..config.ring {
+            slots.push(Slot {
+                host: Mutex::new(device.alloc_host(batch_bytes)?),
+                device: device.alloc_device(batch_bytes)?,
+                copied: device.new_event()?,
+                consumed: device.new_event()?,
+            });
+        }
+        let source_rows: Vec<u64> = sources.iter().map(|s| s.rows).collect();
+        let planned = plan(
+            &source_rows,
+            config.batch_rows,
+            config.epochs,
+            config.shuffle_seed,
+        );
+        let total = planned.len() as u64;
+
+        let shared = Arc::new(Shared {
+            device,
+            sources,
+            slots,
+            counters: Counters::default(),
+            cancel: AtomicBool::new(false),
+        });
+        let (free_tx, free_rx) = bounded::<usize>(config.ring);
+        for slot in 0..config.ring {
+            // Cannot fail: the channel holds exactly `ring` items and its receiver is alive.
+            let _ = free_tx.send(slot);
+        }
+        let (job_tx, job_rx) = bounded::<Job>(config.ring);
+        let (msg_tx, msg_rx) = unbounded::<Msg>();
+
+        let spawn_err = |e: std::io::Error| StreamError::Io {
+            path: PathBuf::from("<thread>"),
+            source: e,
+        };
+        let mut threads = Vec::with_capacity(readers + 1);
+        {
+            let shared = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("stagefs-stream-dispatch".into())
+                    .spawn(move || dispatch(&shared, planned, &free_rx, &job_tx))
+                    .map_err(spawn_err)?,
+            );
+        }
+        for i in 0..readers {
+            let shared = shared.clone();
+            let job_rx = job_rx.clone();
+            let msg_tx = msg_tx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("stagefs-stream-read-{i}"))
+                    .spawn(move || read_loop(&shared, &job_rx, &msg_tx))
+                    .map_err(spawn_err)?,
+            );
+        }
+
+        Ok(Streamer {
+            shared,
+            free_tx: Some(free_tx),
+            receiving: Mutex::new(Receiving {
+                rx: msg_rx,
+                pending: BTreeMap::new(),
+                next_seq: 0,
+                finished: false,
+            }),
+            total,
+            readers,
+            ring: config.ring,
+            held: AtomicUsize::new(0),
+            batch_bytes,
+            started: Instant::now(),
+            ended: Mutex::new(None),
+            threads,
+        })
+    }
+
+    /// Total batches this stream delivers (all epochs).
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether the stream delivers no batch at all.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Bytes of each ring buffer: the largest batch (host and device use K of these each).
+    pub fn batch_bytes(&self) -> usize {
+        self.batch_bytes
+    }
+
+    /// The device the stream feeds.
+    pub fn device(&self) -> &Arc<D> {
+        &self.shared.device
+    }
+
+    /// The sources, in the order given.
+    pub fn sources(&self) -> &[Source] {
+        &self.shared.sources
+    }
+
+    /// The next batch in plan order, blocking until its copy has been issued; `None` at the end.
+    ///
+    /// After an error the stream is over: later calls return `None` — except
+    /// [`StreamError::RingHeld`] (the consumer holds every ring buffer), after which dropping a
+    /// batch and calling again continues.
+    pub fn next_batch(&self) -> Option<Result<Batch<'_, D>, StreamError>> {
+        let mut r = self
+            .receiving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if r.finished {
+            return None;
+        }
+        if r.next_seq == self.total {
+            r.finished = true;
+            self.mark_end();
+            return None;
+        }
+        if self.held.load(Ordering::Acquire) >= self.ring {
+            // Every slot is in the consumer's hands: waiting for the next batch would never end.
+            return Some(Err(StreamError::RingHeld { ring: self.ring }));
+        }
+        loop {
+            let next = r.next_seq;
+            if let Some(ready) = r.pending.remove(&next) {
+                r.next_seq += 1;
+                return Some(Ok(self.batch(ready)));
+            }
+            let waited = Instant::now();
+            let msg = r.rx.recv();
+            add_since(&self.shared.counters.consumer_wait_ns, waited);
+            match msg {
+                Ok(Msg::Ready(ready)) => {
+                    r.pending.insert(ready.planned.seq, ready);
+                }
+                Ok(Msg::Failed(err)) => {
+                    r.finished = true;
+                    self.mark_end();
+                    return Some(Err(err));
+                }
+                Err(_) => {
+                    r.finished = true;
+                    self.mark_end();
+                    return Some(Err(StreamError::ReaderGone));
+                }
+            }
+        }
+    }
+
+    /// Counters so far (final once `next_batch` returned `None`).
+    pub fn stats(&self) -> Stats {
+        let elapsed = self
+            .ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(|| self.started.elapsed());
+        Stats::from_counters(&self.shared.counters, elapsed, self.readers)
+    }
+
+    fn mark_end(&self) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        if ended.is_none() {
+            *ended = Some(self.started.elapsed());
+        }
+    }
+
+    fn batch(&self, ready: Ready) -> Batch<'_, D> {
+        let source = &self.shared.sources[ready.planned.source];
+        let rows = ready.planned.rows.clone();
+        let len = ((rows.end - rows.start) * source.row_bytes) as usize;
+        let mut shape = vec![rows.end - rows.start];
+        if source.dtype.is_some() {
+            shape.extend_from_slice(&source.row_shape);
+        }
+        self.held.fetch_add(1, Ordering::AcqRel);
+        let c = &self.shared.counters;
+        c.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        Batch {
+            streamer: self,
+            slot: ready.slot,
+            meta: BatchMeta {
+                seq: ready.planned.seq,
+                epoch: ready.planned.epoch,
+                source: ready.planned.source,
+                path: source.path.clone(),
+                offset: source.offset + rows.start * source.row_bytes,
+                rows,
+                len,
+                dtype: source.dtype,
+                shape,
+            },
+        }
+    }
+}
+
+impl<D: Device> Drop for Streamer<D> {
+    fn drop(&mut self) {
+        self.shared.cancel.store(true, Ordering::Relaxed);
+        // Dropping the last free-slot sender wakes a dispatcher blocked on a full ring; it then
+        // drops the job sender, which ends the readers.
+        self.free_tx = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Copies may still be in flight into ring buffers that are about to be freed.
+        if let Err(e) = self.shared.device.synchronize() {
+            tracing::warn!("device synchronize at stream end failed: {e}");
+        }
+    }
+}
+
+fn dispatch<D: Device>(
+    shared: &Shared<D>,
+    planned: Vec<PlannedBatch>,
+    free_rx: &Receiver<usize>,
+    job_tx: &Sender<Job>,
+) {
+    for p in planned {
+        if shared.cancel.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(slot) = free_rx.recv() else { return };
+        if shared.cancel.load(Ordering::Relaxed) || job_tx.send(Job { planned: p, slot }).is_err() {
+            return;
+        }
+    }
+}
+
+fn read_loop<D: Device>(shared: &Shared<D>, job_rx: &Receiver<Job>, msg_tx: &Sender<Msg>) {
+    loop {
+        // A reader without a job is waiting for the consumer to release a ring slot: the
+        // dispatcher hands out jobs as soon as slots are free.
+        let waited = Instant::now();
+        let job = job_rx.recv();
+        add_since(&shared.counters.ring_wait_ns, waited);
+        let Ok(job) = job else { return };
+        if shared.cancel.load(Ordering::Relaxed) {
+            return;
+        }
+        match fill(shared, &job) {
+            Ok(()) => {
+                if msg_tx
+                    .send(Msg::Ready(Ready {
+                        planned: job.planned,
+                        slot: job.slot,
+                    }))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(e) => {
+                shared.cancel.store(true, Ordering::Relaxed);
+                let _ = msg_tx.send(Msg::Failed(e));
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one batch into its slot's host buffer and enqueues the copy to the device.
+fn fill<D: Device>(shared: &Shared<D>, job: &Job) -> Result<(), StreamError> {
+    let slot = &shared.slots[job.slot];
+    let source = &shared.sources[job.planned.source];
+    let rows = &job.planned.rows;
+    let len = ((rows.end - rows.start) * source.row_bytes) as usize;
+    let offset = source.offset + rows.start * source.row_bytes;
+    let device = &shared.device;
+    // The host buffer may still be the source of this slot's previous copy: the slot is not
+    // free until that copy is done, so this counts as waiting for a free buffer.
+    let waited = Instant::now();
+    let synced = device.event_synchronize(&slot.copied);
+    add_since(&shared.counters.ring_wait_ns, waited);
+    synced?;
+    let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
+    let read = Instant::now();
+    let result = read_full(source.reader.as_ref(), &mut host.as_mut()[..len], offset);
+    add_since(&shared.counters.storage_ns, read);
+    result.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => StreamError::Truncated {
+            path: source.path.clone(),
+            need: source.data_bytes(),
+            end: source.offset + source.data_bytes(),
+            have: source.reader.size().unwrap_or(0),
+        },
+        _ => StreamError::Io {
+            path: source.path.clone(),
+            source: e,
+        },
+    })?;
+    // The device buffer may still be in use by the consumer's work on the previous batch.
+    device.stream_wait(StreamKind::Copy, &slot.consumed)?;
+    // SAFETY: the slot belongs to this job alone until the consumer drops the batch, which
+    // happens only after `copied` (recorded next, after the copy) is handed over with it; the
+    // next writer of `host` waits for `copied` above, and the next copy into `device` follows
+    // this one on the same stream. `len` fits: buffers are sized for the largest batch.
+    unsafe { device.copy_to_device_async(&host, &slot.device, len)? };
+    device.record(&slot.copied, StreamKind::Copy)?;
+    Ok(())
+}
+
+/// A batch on the device, held by the consumer; dropping it returns its buffers to the ring.
+pub struct Batch<'a, D: Device> {
+    streamer: &'a Streamer<D>,
+    slot: usize,
+    meta: BatchMeta,
+}
+
+impl<D: Device> Batch<'_, D> {
+    /// What the batch holds.
+    pub fn meta(&self) -> &BatchMeta {
+        &self.meta
+    }
+
+    /// Bytes of data in the batch (the start of [`Batch::device_buffer`]).
+    pub fn len(&self) -> usize {
+        self.meta.len
+    }
+
+    /// Whether the batch has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.meta.len == 0
+    }
+
+    /// The device buffer; its first [`Batch::len`] bytes are the batch once
+    /// [`Batch::ready_event`] has completed.
+    pub fn device_buffer(&self) -> &D::DeviceBuffer {
+        &self.streamer.shared.slots[self.slot].device
+    }
+
+    /// The event that completes when the batch's copy to the device is done: make your own
+    /// stream wait on it before using the buffer.
+    pub fn ready_event(&self) -> &D::Event {
+        &self.streamer.shared.slots[self.slot].copied
+    }
+
+    /// Makes the device's consumer stream wait for the batch (does not block the host).
+    pub fn wait_on_consumer_stream(&self) -> Result<(), StreamError> {
+        let device = &self.streamer.shared.device;
+        Ok(device.stream_wait(StreamKind::Consumer, self.ready_event())?)
+    }
+
+    /// Blocks until the batch is on the device; the time counts as the consumer waiting on data.
+    pub fn synchronize(&self) -> Result<(), StreamError> {
+        let waited = Instant::now();
+        let result = self
+            .streamer
+            .shared
+            .device
+            .event_synchronize(self.ready_event());
+        add_since(&self.streamer.shared.counters.consumer_wait_ns, waited);
+        Ok(result?)
+    }
+
+    /// Copies the batch back from the device (ordered after the copy that brought it there).
+    pub fn copy_to_host(&self) -> Result<Vec<u8>, StreamError> {
+        self.wait_on_consumer_stream()?;
+        let mut out = vec![0u8; self.meta.len];
+        self.streamer
+            .shared
+            .device
+            .copy_to_host(self.device_buffer(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the batch back and compares its CRC-32 with a fresh read of the source's bytes.
+    pub fn verify(&self) -> Result<Verification, StreamError> {
+        let on_device = self.copy_to_host()?;
+        let source = &self.streamer.shared.sources[self.meta.source];
+        let mut in_file = vec![0u8; self.meta.len];
+        read_full(source.reader.as_ref(), &mut in_file, self.meta.offset).map_err(|e| {
+            StreamError::Io {
+                path: source.path.clone(),
+                source: e,
+            }
+        })?;
+        Ok(Verification {
+            device_crc32: crc32fast::hash(&on_device),
+            file_crc32: crc32fast::hash(&in_file),
+        })
+    }
+}
+
+impl<'a> Batch<'a, HostDevice> {
+    /// The batch's bytes in host-device memory (waits for the copy first).
+    pub fn data(&self) -> Result<&[u8], StreamError> {
+        self.synchronize()?;
+        // SAFETY: the copy into this slot is complete (synchronized above) and no new copy into
+        // it is issued until this batch is dropped, which the returned borrow prevents.
+        Ok(unsafe { HostDevice::device_bytes(self.device_buffer(), self.meta.len) })
+    }
+
+    /// Runs `kernel` on the batch's bytes on the consumer stream, after the batch's copy and
+    /// without blocking the host: how a GPU consumer uses a batch. The batch may be dropped
+    /// right after; its buffer is not reused until the kernel has run.
+    pub fn launch(&self, kernel: impl FnOnce(&[u8]) + Send + 'static) -> Result<(), StreamError> {
+        self.wait_on_consumer_stream()?;
+        let device = &self.streamer.shared.device;
+        // SAFETY: the slot's buffer lives until the streamer is dropped (which synchronizes the
+        // device first) and is not written again before the consumed event, recorded on the
+        // consumer stream after this kernel when the batch is dropped, has completed.
+        Ok(unsafe { device.launch(self.device_buffer(), self.meta.len, kernel) }?)
+    }
+}
+
+impl<D: Device> Drop for Batch<'_, D> {
+    fn drop(&mut self) {
+        let shared = &self.streamer.shared;
+        if let Err(e) = shared
+            .device
+            .record(&shared.slots[self.slot].consumed, StreamKind::Consumer)
+        {
+            tracing::warn!(
+                "recording the release of batch {} failed: {e}",
+                self.meta.seq
+            );
+        }
+        self.streamer.held.fetch_sub(1, Ordering::AcqRel);
+        if let Some(tx) = &self.streamer.free_tx {
+            let _ = tx.send(self.slot);
+        }
+    }
+}
+
+/// Checksums of a batch as it arrived on the device and as it is in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verification {
+    /// CRC-32 of the bytes copied back from the device.
+    pub device_crc32: u32,
+    /// CRC-32 of the same range read from the source.
+    pub file_crc32: u32,
+}
+
+impl Verification {
+    /// Whether the device holds exactly the file's bytes.
+    pub fn matches(&self) -> bool {
+        self.device_crc32 == self.file_crc32
+    }
+}
