@@ -12,8 +12,14 @@
 # cache holds each block once) and mounted as ext4. This box has no nbd kernel module, hence
 # nbdfuse. nbdkit runs with cache=none, so `echo 3 > drop_caches` empties every layer.
 #
+# Node-local scratch is a tmpfs (RAM): this VM's virtual disk reads at ~90 MB/s, slower than
+# the 200 MB/s "shared storage", while real scratch NVMe reads at GB/s. So the backend image,
+# the local copy, rsync targets and stagefs caches all live in $WORK/ram (peak ~11 GB with the
+# default sizes); the generated image is also kept on disk ($WORK/backend.img) for re-runs.
+# `run.sh clean` unmounts that tmpfs and removes $WORK.
+#
 # Knobs (environment): WORK (state dir, default /var/tmp/stagefs-bench), STAGEFS (binary,
-# default target/release/stagefs, built if missing), RATE_MBS=200, DELAY_MS=2, LARGE_FILES=4,
+# default target/release/stagefs, built if missing), RAM_SIZE=14g (the tmpfs), RATE_MBS=200, DELAY_MS=2, LARGE_FILES=4,
 # LARGE_MB=512, SMALL_FILES=20000, SMALL_CLASSES=100, SMALL_KB=100, ROUNDS=2.
 # The image and the local copy are kept in WORK and reused while these sizes stay the same.
 set -euo pipefail
@@ -30,14 +36,17 @@ SMALL_FILES=${SMALL_FILES:-20000}
 SMALL_CLASSES=${SMALL_CLASSES:-100}
 SMALL_KB=${SMALL_KB:-100}
 ROUNDS=${ROUNDS:-2}
+RAM_SIZE=${RAM_SIZE:-14g}
 
-IMG=$WORK/backend.img
+RAM=$WORK/ram         # tmpfs standing in for node-local NVMe scratch (and holding the backend)
+DISK_IMG=$WORK/backend.img
+IMG=$RAM/backend.img
 PARAMS="large=${LARGE_FILES}x${LARGE_MB}MB small=${SMALL_FILES}x${SMALL_KB}KB/${SMALL_CLASSES}"
 SOCK=$WORK/nbdkit.sock
 NBD=$WORK/nbd          # nbdfuse mountpoint; the device is the file $NBD/disk
 BIGDATA=$WORK/bigdata  # the slow filesystem (ext4, read-only)
-LOCAL=$WORK/local      # a local copy on scratch: the speed to beat
-SCRATCH=$WORK/scratch  # rsync targets and stagefs caches
+LOCAL=$RAM/local       # a local copy on scratch: the speed to beat
+SCRATCH=$RAM/scratch   # rsync targets and stagefs caches
 MNT=$WORK/mnt          # the stagefs mountpoint
 RESULTS=$WORK/results
 
@@ -69,31 +78,49 @@ teardown() {
   if [ -f "$WORK/nbdkit.pid" ]; then
     kill "$(cat "$WORK/nbdkit.pid")" 2>/dev/null
     rm -f "$WORK/nbdkit.pid"
+    sleep 0.5
   fi
+  rm -f "$SOCK"
   return 0
 }
 
-mkdir -p "$WORK" "$NBD" "$BIGDATA" "$LOCAL" "$SCRATCH" "$MNT" "$RESULTS"
 teardown  # leftovers of an interrupted run
+if [ "${1:-}" = clean ]; then
+  mountpoint -q "$RAM" && umount "$RAM"
+  rm -rf "$WORK"
+  exit 0
+fi
+mkdir -p "$WORK" "$NBD" "$BIGDATA" "$RAM" "$MNT" "$RESULTS"
+mountpoint -q "$RAM" || mount -t tmpfs -o size="$RAM_SIZE" stagefs-bench "$RAM"
+mkdir -p "$LOCAL" "$SCRATCH"
 trap teardown EXIT
 
 # --- the image and the local copy (once per set of sizes) ---------------------------------------
 if [ "$(cat "$WORK/params" 2>/dev/null)" != "$PARAMS" ]; then
-  log "generating datasets ($PARAMS) into $IMG"
-  rm -f "$WORK/params" "$IMG"
-  rm -rf "$LOCAL" && mkdir -p "$LOCAL"
+  log "generating datasets ($PARAMS) into $DISK_IMG"
+  rm -f "$WORK/params" "$RAM/params" "$DISK_IMG"
   data_mb=$((LARGE_FILES * LARGE_MB + SMALL_FILES * SMALL_KB * 14 / 10 / 1000))
-  truncate -s $((data_mb * 115 / 100 + 256))M "$IMG"
-  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$IMG"
+  truncate -s $((data_mb * 115 / 100 + 256))M "$DISK_IMG"
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$DISK_IMG"
   gen=$WORK/gen
   mkdir -p "$gen"
-  mount -o loop "$IMG" "$gen"
+  mount -o loop "$DISK_IMG" "$gen"
   python3 "$HERE/gen.py" "$gen" "$LARGE_FILES" "$LARGE_MB" "$SMALL_FILES" "$SMALL_CLASSES" "$SMALL_KB"
-  log "local copy → $LOCAL"
-  rsync -a "$gen/large" "$gen/small" "$LOCAL/"
   umount "$gen"
   echo "$PARAMS" >"$WORK/params"
 fi
+if [ "$(cat "$RAM/params" 2>/dev/null)" != "$PARAMS" ]; then
+  log "copying the image into RAM and making the local copy"
+  rm -rf "$LOCAL" "$SCRATCH" "$IMG" && mkdir -p "$LOCAL" "$SCRATCH"
+  cp --sparse=always "$DISK_IMG" "$IMG"
+  gen=$WORK/gen
+  mkdir -p "$gen"
+  mount -o loop,ro,noload "$IMG" "$gen"
+  rsync -a "$gen/large" "$gen/small" "$LOCAL/"
+  umount "$gen"
+  echo "$PARAMS" >"$RAM/params"
+fi
+rm -rf "${SCRATCH:?}"/*
 
 # --- the slow backend ---------------------------------------------------------------------------
 log "backend: nbdkit rate=${RATE_MBS} MB/s delay-read=${DELAY_MS} ms → nbdfuse → loop → ext4"
@@ -112,7 +139,8 @@ stamp=$(date +%Y%m%d-%H%M%S)
 out=$RESULTS/results-$stamp.jsonl
 log "results → $out"
 python3 "$HERE/bench.py" run --bigdata "$BIGDATA" --local "$LOCAL" --scratch "$SCRATCH" \
-  --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out"
+  --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out" ||
+  die "a pass failed (partial results in $out)"
 {
   echo "stagefs $(git -C "$REPO" rev-parse --short HEAD), $(nproc) CPUs, $(free -g | awk '/Mem/{print $2}') GiB RAM," \
     "kernel $(uname -r); backend rate ${RATE_MBS} MB/s, ${DELAY_MS} ms per read; $PARAMS; rounds $ROUNDS."
