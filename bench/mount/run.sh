@@ -20,7 +20,11 @@
 #
 # Knobs (environment): WORK (state dir, default /var/tmp/stagefs-bench), STAGEFS (binary,
 # default target/release/stagefs, built if missing), RAM_SIZE=14g (the tmpfs), RATE_MBS=200, DELAY_MS=2, LARGE_FILES=4,
-# LARGE_MB=512, SMALL_FILES=20000, SMALL_CLASSES=100, SMALL_KB=100, ROUNDS=2.
+# LARGE_MB=512, SMALL_FILES=20000, SMALL_CLASSES=100, SMALL_KB=100, ROUNDS=2, ONLY (a regex:
+# run only the passes whose name matches, e.g. ONLY='small (local|cold)'; names are printed),
+# ONCE (a regex: passes run in round 1 only; default 'small (direct seq|seed)', the two passes
+# that take ~200 s each on small files and are 10-20x off the others: repeating them adds
+# nothing to the comparison but 7 minutes).
 # The image and the local copy are kept in WORK and reused while these sizes stay the same.
 set -euo pipefail
 
@@ -139,7 +143,8 @@ stamp=$(date +%Y%m%d-%H%M%S)
 out=$RESULTS/results-$stamp.jsonl
 log "results → $out"
 python3 "$HERE/bench.py" run --bigdata "$BIGDATA" --local "$LOCAL" --scratch "$SCRATCH" \
-  --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out" ||
+  --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out" --only "${ONLY:-}" \
+  --once "${ONCE-small (direct seq|seed)}" ||
   die "a pass failed (partial results in $out)"
 {
   echo "stagefs $(git -C "$REPO" rev-parse --short HEAD), $(nproc) CPUs, $(free -g | awk '/Mem/{print $2}') GiB RAM," \
