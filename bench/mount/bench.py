@@ -298,8 +298,15 @@ MODE_ORDER = ["local copy", "direct", "seed rsync+read", "stagefs cold --no-stag
               "stagefs cold", "stagefs warm", "stagefs warm --no-passthrough"]
 
 
-def report(path: str) -> str:
-    recs = [json.loads(line) for line in open(path)]
+def report(paths: list) -> str:
+    """Several results files may be given (e.g. a run of the slow baselines and a run of the
+    rest); each file's rounds stay separate, and ratios use the baselines of the same round."""
+    recs = []
+    for i, path in enumerate(paths):
+        for line in open(path):
+            r = json.loads(line)
+            r["round"] = f"{i + 1}.{r['round']}" if len(paths) > 1 else r["round"]
+            recs.append(r)
     rounds = sorted({r["round"] for r in recs})
     backend = {r["round"]: r["mbps"] for r in recs if r["mode"] == "backend raw 4-stream"}
     single = {r["round"]: r["mbps"] for r in recs if r["mode"] == "backend raw 1-stream"}
@@ -372,7 +379,7 @@ def main() -> None:
     r.add_argument("--once", help="run the passes whose name matches this regex in round 1 only")
     r.add_argument("--probe-bytes", type=int, default=2_000_000_000)
     rep = sub.add_parser("report")
-    rep.add_argument("results")
+    rep.add_argument("results", nargs="+")
     a = p.parse_args()
     if a.cmd == "run":
         Bench(a).run()
