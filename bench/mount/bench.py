@@ -154,6 +154,12 @@ class Bench:
         self.out.write(json.dumps(rec) + "\n")
         self.out.flush()
         extra = f" ttfb {rec['ttfb_s']:.3f}s" if "ttfb_s" in rec else ""
+        if "stats" in rec:
+            st = rec["stats"]
+            extra += (f" hit {st.get('hit_ratio', 0):.2f} from_source {st.get('bytes_from_source', 0)}"
+                      f" passthrough_opens {st.get('passthrough_opens', '?')}"
+                      f" cache_full {st.get('cache_full_events', '?')} fds {st.get('bench_daemon_fds', '?')}"
+                      f" warnings {len(rec['warnings'])}")
         log(
             f"  r{self.round} {rec.get('dataset', '-')}/{rec.get('reader', '-')}/{rec['mode']}: "
             f"{rec.get('mbps', 0):.1f} MB/s{extra}"
@@ -177,8 +183,24 @@ class Bench:
         return time.monotonic() - t
 
     def stats(self) -> dict:
+        """The mount's stats JSON, plus the daemon's open descriptors (a leak shows here)."""
         with open(os.path.join(self.a.mnt, ".stagefs", "stats")) as f:
-            return json.load(f)
+            st = json.load(f)
+        try:
+            st["bench_daemon_fds"] = len(os.listdir(f"/proc/{st['pid']}/fd"))
+        except (KeyError, OSError):
+            pass
+        return st
+
+    @staticmethod
+    def warnings(cache: str) -> list:
+        """WARN/ERROR lines of the daemon's log (first 5), so a silent fallback is visible."""
+        try:
+            with open(os.path.join(cache, "stagefs.log"), errors="replace") as f:
+                bad = [ln.strip() for ln in f if "WARN" in ln or "ERROR" in ln]
+        except OSError:
+            return []
+        return bad[:5] + ([f"... {len(bad) - 5} more"] if len(bad) > 5 else [])
 
     def fresh_cache(self, name: str) -> str:
         path = os.path.join(self.a.scratch, name)
@@ -224,7 +246,7 @@ class Bench:
         st = self.stats()
         self.umount()
         self.record(dataset=ds, reader=reader, mode=mode, ttfb_s=ttfb, mount_s=mount_s,
-                    total_s=total, stats=st, **r)
+                    total_s=total, stats=st, warnings=self.warnings(cache), **r)
         if keep_for_warm:
             self.warm(ds, cache)
         shutil.rmtree(cache, ignore_errors=True)
@@ -240,7 +262,8 @@ class Bench:
                 for reader in readers:
                     drop_caches()
                     r = READERS[reader](self.a.mnt)
-                    self.record(dataset=ds, reader=reader, mode=mode, stats=self.stats(), **r)
+                    self.record(dataset=ds, reader=reader, mode=mode, stats=self.stats(),
+                                warnings=self.warnings(cache), **r)
             finally:
                 self.umount()
 
