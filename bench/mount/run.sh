@@ -140,6 +140,11 @@ mount -t ext4 -o ro,noload "$LOOP" "$BIGDATA"
 log "slow /bigdata at $BIGDATA ($LOOP, read_ahead_kb=$(cat /sys/block/"${LOOP#/dev/}"/queue/read_ahead_kb))"
 
 # --- the passes ---------------------------------------------------------------------------------
+# Workaround: the daemon keeps one descriptor open per cached file (prefetch/src/store.rs,
+# Entry::file, never closed), so 20,000 small files exhaust a 20,000 (or the usual 1,024) limit
+# and reads fail with EMFILE. Raise the limit the daemon inherits until that is fixed.
+if [ "${WORKAROUND:-1}" = 1 ]; then ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"; fi
+log "open-file limit for the daemon: $(ulimit -n)"
 stamp=$(date +%Y%m%d-%H%M%S)
 out=$RESULTS/results-$stamp.jsonl
 log "results → $out"
