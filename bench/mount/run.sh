@@ -25,7 +25,8 @@
 # ONCE (a regex: passes run in round 1 only; default 'small (direct seq|seed)', the two passes
 # that take ~200 s each on small files and are 10-20x off the others: repeating them adds
 # nothing to the comparison but 7 minutes), WORKAROUND=1 (0 once the open/release deadlock in
-# fs/src/fuse.rs is fixed: small-file cold passes then keep passthrough on, warm ones 8 threads).
+# fs/src/fuse.rs is fixed: small-file cold passes then keep passthrough on, warm ones 8 threads),
+# TOP_DIRS=N (epochs read only the first N class folders; 0 = all).
 # The image and the local copy are kept in WORK and reused while these sizes stay the same.
 set -euo pipefail
 
@@ -150,7 +151,8 @@ out=$RESULTS/results-$stamp.jsonl
 log "results → $out"
 python3 "$HERE/bench.py" run --bigdata "$BIGDATA" --local "$LOCAL" --scratch "$SCRATCH" \
   --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out" --only "${ONLY:-}" \
-  --once "${ONCE-small (direct seq|seed)}" --workaround "${WORKAROUND:-1}" ||
+  --once "${ONCE-small (direct seq|seed)}" --workaround "${WORKAROUND:-1}" \
+  --top-dirs "${TOP_DIRS:-0}" ||
   die "a pass failed (partial results in $out)"
 {
   echo "stagefs $(git -C "$REPO" rev-parse --short HEAD), $(nproc) CPUs, $(free -g | awk '/Mem/{print $2}') GiB RAM," \
