@@ -411,9 +411,17 @@ def report(paths: list) -> str:
             lines.append(
                 f"Seed workflow, {ds}: rsync takes {secs} s before the first byte can be read "
                 f"(stagefs: see time to first byte).")
-    files = {r["dataset"]: (r["files"], r["bytes"]) for r in recs if "files" in r}
-    for ds, (n, b) in sorted(files.items()):
-        lines.append(f"Dataset {ds}: {n} files, {b / 1e9:.2f} GB.")
+    for r in recs:
+        if r["mode"] == "FAILED":
+            lines.append(f"FAILED (round {r['round']}): {r['dataset']}/{r['reader']} stagefs cold"
+                         f"{'' if r['staging'] else ' --no-staging'}: {r['error'][:300]}")
+    files = {}
+    for r in recs:
+        if "files" in r:
+            files.setdefault(r["dataset"], set()).add((r["files"], r["bytes"]))
+    for ds, sizes in sorted(files.items()):
+        txt = "; ".join(f"{n} files, {b / 1e9:.2f} GB" for n, b in sorted(sizes))
+        lines.append(f"Dataset {ds} as read: {txt}.")
     return "\n".join(lines) + "\n"
 
 
