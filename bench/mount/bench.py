@@ -163,10 +163,13 @@ class Bench:
         extra = f" ttfb {rec['ttfb_s']:.3f}s" if "ttfb_s" in rec else ""
         if "stats" in rec:
             st = rec["stats"]
-            extra += (f" hit {st.get('hit_ratio', 0):.2f} from_source {st.get('bytes_from_source', 0)}"
-                      f" passthrough_opens {st.get('passthrough_opens', '?')}"
-                      f" cache_full {st.get('cache_full_events', '?')} fds {st.get('bench_daemon_fds', '?')}"
-                      f" warnings {len(rec['warnings'])}")
+            extra += (
+                f" hit {st.get('hit_ratio', 0):.2f}"
+                f" from_source {st.get('bytes_from_source', 0)}"
+                f" passthrough_opens {st.get('passthrough_opens', '?')}"
+                f" cache_full {st.get('cache_full_events', '?')}"
+                f" fds {st.get('bench_daemon_fds', '?')} warnings {len(rec['warnings'])}"
+            )
         log(
             f"  r{self.round} {rec.get('dataset', '-')}/{rec.get('reader', '-')}/{rec['mode']}: "
             f"{rec.get('mbps', 0):.1f} MB/s{extra}"
