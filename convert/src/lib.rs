@@ -4,4 +4,5 @@
 //! and decoders get their input bytes from the caller, so the mount feeds them from the scratch
 //! cache and `stagefs convert` from plain files.
 
+pub mod clean;
 pub mod npy;

@@ -220,7 +220,10 @@ impl NpyHeader {
             if bytes.len() >= 6 && &bytes[..6] != MAGIC {
                 return Err(NpyError::BadMagic);
             }
-            return Err(NpyError::Truncated { need: 10, have: bytes.len() });
+            return Err(NpyError::Truncated {
+                need: 10,
+                have: bytes.len(),
+            });
         }
         if &bytes[..6] != MAGIC {
             return Err(NpyError::BadMagic);
@@ -229,7 +232,10 @@ impl NpyHeader {
             (1, 0) => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
             (2 | 3, 0) => {
                 if bytes.len() < 12 {
-                    return Err(NpyError::Truncated { need: 12, have: bytes.len() });
+                    return Err(NpyError::Truncated {
+                        need: 12,
+                        have: bytes.len(),
+                    });
                 }
                 let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
                 (len as usize, 12)
@@ -238,7 +244,10 @@ impl NpyHeader {
         };
         let end = start + len;
         if bytes.len() < end {
-            return Err(NpyError::Truncated { need: end, have: bytes.len() });
+            return Err(NpyError::Truncated {
+                need: end,
+                have: bytes.len(),
+            });
         }
         let text = std::str::from_utf8(&bytes[start..end])
             .map_err(|_| NpyError::Malformed("header is not UTF-8".into()))?;
@@ -275,7 +284,11 @@ fn dict_value<'a>(text: &'a str, key: &str) -> Result<&'a str, NpyError> {
         .or_else(|| text.find(&format!("\"{key}\"")))
         .ok_or_else(missing)?;
     let rest = &text[pos + key.len() + 2..];
-    let rest = rest.trim_start().strip_prefix(':').ok_or_else(missing)?.trim_start();
+    let rest = rest
+        .trim_start()
+        .strip_prefix(':')
+        .ok_or_else(missing)?
+        .trim_start();
     let end = if rest.starts_with('(') {
         rest.find(')').map(|i| i + 1)
     } else {
@@ -291,7 +304,13 @@ mod tests {
 
     #[test]
     fn header_is_aligned_and_round_trips() {
-        for shape in [vec![], vec![0], vec![7], vec![3, 224, 224, 3], vec![1 << 40, 2]] {
+        for shape in [
+            vec![],
+            vec![0],
+            vec![7],
+            vec![3, 224, 224, 3],
+            vec![1 << 40, 2],
+        ] {
             for dtype in [DType::Bool, DType::U8, DType::I64, DType::F32, DType::F64] {
                 let h = NpyHeader::new(dtype, shape.clone());
                 let bytes = h.encode();
@@ -313,11 +332,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_input() {
-        assert_eq!(NpyHeader::parse(b"\x93NUMPX\x01\x00\x00\x00"), Err(NpyError::BadMagic));
+        assert_eq!(
+            NpyHeader::parse(b"\x93NUMPX\x01\x00\x00\x00"),
+            Err(NpyError::BadMagic)
+        );
         let mut h = NpyHeader::new(DType::F32, vec![2]).encode();
         h.truncate(20);
-        assert!(matches!(NpyHeader::parse(&h), Err(NpyError::Truncated { .. })));
-        let big = b"\x93NUMPY\x01\x00\x20\x00{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }";
-        assert!(matches!(NpyHeader::parse(big), Err(NpyError::Truncated { .. }) | Err(NpyError::DType(_))));
+        assert!(matches!(
+            NpyHeader::parse(&h),
+            Err(NpyError::Truncated { .. })
+        ));
+        let big =
+            b"\x93NUMPY\x01\x00\x20\x00{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }";
+        assert!(matches!(
+            NpyHeader::parse(big),
+            Err(NpyError::Truncated { .. }) | Err(NpyError::DType(_))
+        ));
     }
 }
