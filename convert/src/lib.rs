@@ -4,6 +4,7 @@
 //! and decoders get their input bytes from the caller, so the mount feeds them from the scratch
 //! cache and `stagefs convert` from plain files.
 
+pub mod clean;
 pub mod error;
 pub mod image;
 pub mod npy;

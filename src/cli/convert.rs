@@ -63,8 +63,9 @@ pub struct Args {
     /// Parquet: what to do with malformed CSV rows.
     #[arg(long, default_value = "error", value_parser = ["skip", "error"])]
     pub bad_rows: String,
-    /// Parquet: memory budget in bytes for buffered rows (default 1 GiB).
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Parquet: memory budget for the whole job (bytes, or with a K/M/G suffix): sets the
+    /// size of the units read at once and of the cache that saves re-parsing in pass 2.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub memory_budget: u64,
     /// Hide the progress bar.
     #[arg(long, short = 'q')]
@@ -78,6 +79,32 @@ impl Args {
         let (out, inputs) = self.paths.split_last().expect("clap requires two paths");
         (inputs, PathBuf::from(out))
     }
+}
+
+/// Parses a byte size such as `1073741824`, `512M`, `1G` or `1.5GiB` (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (e.g. 512M, 1G)"))?;
+    let scale = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("'{text}': unknown unit (use K, M, G or T)")),
+    };
+    Ok((value * scale as f64) as u64)
 }
 
 /// Runs `stagefs convert`; returns the process exit code.

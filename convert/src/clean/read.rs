@@ -1,0 +1,766 @@
+//! Inputs: expanding SRC (directories, files, globs), reading schemas up front, cutting files
+//! into work units, and decoding a unit into record batches.
+//!
+//! A work unit is what one thread handles at a time and becomes one Parquet row group:
+//! - CSV: a byte range of about `chunk` bytes cut after a record's newline. The cut is made
+//!   outside quotes (quote parity is tracked with `memchr`, so a quoted field containing a
+//!   newline is never split). One reader thread reads files sequentially (the fastest access
+//!   pattern for shared file systems) and hands ranges to the decoding threads.
+//! - Parquet: a row group, or a slice of one when it is larger than `chunk` uncompressed.
+//!
+//! CSV follows pandas' defaults where Arrow allows it cheaply: an empty field is null (NaN),
+//! types are inferred from the first [`INFER_RECORDS`] records of each file and unified across
+//! files (integers with floats → Float64), and dates stay strings (pandas does not parse dates
+//! unless asked).
+//!
+//! Malformed rows are found by decoding the whole unit fast; only when that fails is the unit
+//! re-split record by record to name the file and line, and, with `--bad-rows skip`, to drop
+//! the bad records and keep the rest.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::compute::cast;
+use arrow::csv::ReaderBuilder;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::arrow::ProjectionMask;
+
+use super::CleanError;
+
+/// Records read per CSV file to infer its column types (pandas reads all; Arrow needs a bound).
+/// 20 000 rows is a few MB, read once per file, and catches the usual late floats in an
+/// integer-looking column.
+pub const INFER_RECORDS: usize = 20_000;
+
+/// Rows per decoded record batch inside a unit: big enough to amortise per-batch overhead,
+/// small enough that a batch's temporary buffers stay in cache-friendly sizes.
+pub const BATCH_ROWS: usize = 64 * 1024;
+
+/// Format of one input file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Comma-separated text with a header line.
+    Csv,
+    /// Apache Parquet.
+    Parquet,
+}
+
+/// One input file, with its schema as read from disk.
+#[derive(Clone, Debug)]
+pub struct Input {
+    /// Path as found.
+    pub path: PathBuf,
+    /// Format.
+    pub kind: Kind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Schema before unification.
+    pub schema: SchemaRef,
+    /// Parquet metadata, loaded once and shared by all units of the file.
+    pub parquet: Option<ArrowReaderMetadata>,
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> CleanError {
+    CleanError::io(path.to_path_buf(), e)
+}
+
+fn wanted_in_dir(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.starts_with('.') || name.starts_with('_') {
+        return false;
+    }
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".csv") || lower.ends_with(".parquet") || lower.ends_with(".pq")
+}
+
+fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) -> Result<(), CleanError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err(dir, e))?;
+        let path = entry.path();
+        let ft = entry.file_type().map_err(|e| io_err(&path, e))?;
+        if ft.is_dir() {
+            let name = entry.file_name();
+            if !name.to_string_lossy().starts_with(['.', '_']) {
+                walk(&path, out)?;
+            }
+        } else if wanted_in_dir(&path) {
+            out.insert(path);
+        }
+    }
+    Ok(())
+}
+
+/// Expands SRC arguments into a sorted, de-duplicated file list. Directories are walked
+/// recursively for `*.csv`, `*.parquet` and `*.pq` (names starting with `.` or `_` skipped, as
+/// Spark/Dask do for `_SUCCESS` and friends); quoted globs are expanded here.
+pub fn expand_inputs(args: &[String]) -> Result<Vec<PathBuf>, CleanError> {
+    let mut files = BTreeSet::new();
+    for arg in args {
+        if arg.contains(['*', '?', '[']) {
+            let paths =
+                glob::glob(arg).map_err(|e| CleanError::Usage(format!("bad glob '{arg}': {e}")))?;
+            let mut any = false;
+            for p in paths {
+                let p = p.map_err(|e| CleanError::io(e.path().to_path_buf(), e.into()))?;
+                if p.is_dir() {
+                    walk(&p, &mut files)?;
+                } else {
+                    files.insert(p);
+                }
+                any = true;
+            }
+            if !any {
+                return Err(CleanError::Usage(format!("'{arg}' matches no file")));
+            }
+        } else {
+            let p = PathBuf::from(arg);
+            let meta = std::fs::metadata(&p).map_err(|e| io_err(&p, e))?;
+            if meta.is_dir() {
+                let before = files.len();
+                walk(&p, &mut files)?;
+                if files.len() == before {
+                    return Err(CleanError::Usage(format!(
+                        "directory '{arg}' holds no .csv, .parquet or .pq file"
+                    )));
+                }
+            } else {
+                files.insert(p);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(CleanError::Usage("no input files".into()));
+    }
+    Ok(files.into_iter().collect())
+}
+
+/// Pandas does not parse dates by default; keep them as text. A column that is empty in the
+/// sample is float (all NaN), as pandas reads it.
+fn pandas_csv_type(dt: &DataType) -> DataType {
+    match dt {
+        DataType::Null => DataType::Float64,
+        DataType::Date32
+        | DataType::Date64
+        | DataType::Time32(_)
+        | DataType::Time64(_)
+        | DataType::Timestamp(_, _) => DataType::Utf8,
+        other => other.clone(),
+    }
+}
+
+/// Opens one input: detects the format (Parquet magic, else CSV) and reads its schema.
+pub fn open_input(path: &Path) -> Result<Input, CleanError> {
+    let mut f = File::open(path).map_err(|e| io_err(path, e))?;
+    let size = f.metadata().map_err(|e| io_err(path, e))?.len();
+    let mut magic = [0u8; 4];
+    let is_parquet = size >= 8 && f.read_exact(&mut magic).is_ok() && &magic == b"PAR1";
+    if is_parquet {
+        let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| {
+            CleanError::Data(format!(
+                "{}: cannot read Parquet footer: {e}",
+                path.display()
+            ))
+        })?;
+        return Ok(Input {
+            path: path.to_path_buf(),
+            kind: Kind::Parquet,
+            size,
+            schema: meta.schema().clone(),
+            parquet: Some(meta),
+        });
+    }
+    let f = File::open(path).map_err(|e| io_err(path, e))?;
+    let schema = infer_csv(path, BufReader::with_capacity(1 << 20, f))?;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| Field::new(f.name(), pandas_csv_type(f.data_type()), true))
+        .collect();
+    Ok(Input {
+        path: path.to_path_buf(),
+        kind: Kind::Csv,
+        size,
+        schema: Arc::new(Schema::new(fields)),
+        parquet: None,
+    })
+}
+
+/// What the values of one CSV column looked like so far.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    bool: bool,
+    int: bool,
+    float: bool,
+    text: bool,
+}
+
+impl Seen {
+    fn update(&mut self, v: &[u8]) {
+        let v = v.trim_ascii();
+        if v.is_empty() {
+            return;
+        }
+        if v.eq_ignore_ascii_case(b"true") || v.eq_ignore_ascii_case(b"false") {
+            self.bool = true;
+            return;
+        }
+        let Ok(s) = std::str::from_utf8(v) else {
+            self.text = true;
+            return;
+        };
+        if s.parse::<i64>().is_ok() {
+            self.int = true;
+        } else if s.parse::<f64>().is_ok() {
+            self.float = true;
+        } else {
+            self.text = true;
+        }
+    }
+
+    /// pandas' choice: any text → string; bools alone → bool; ints alone → int64; any
+    /// float → float64; nothing seen → float64 (an all-NaN column).
+    fn data_type(self) -> DataType {
+        match self {
+            Seen { text: true, .. } => DataType::Utf8,
+            Seen {
+                bool: true,
+                int: false,
+                float: false,
+                ..
+            } => DataType::Boolean,
+            Seen { bool: true, .. } => DataType::Utf8,
+            Seen {
+                int: true,
+                float: false,
+                ..
+            } => DataType::Int64,
+            _ => DataType::Float64,
+        }
+    }
+}
+
+/// Header and column types from the first [`INFER_RECORDS`] records. Records with the wrong
+/// number of fields are ignored here (they are reported, with their line, when decoded).
+fn infer_csv(path: &Path, reader: impl Read) -> Result<Schema, CleanError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(reader);
+    let bad = |e: csv::Error| {
+        CleanError::Data(format!(
+            "{}: cannot read the CSV header: {e}",
+            path.display()
+        ))
+    };
+    let mut record = csv::ByteRecord::new();
+    if !rdr.read_byte_record(&mut record).map_err(bad)? {
+        return Err(CleanError::Data(format!(
+            "{}: empty file (a CSV needs a header line)",
+            path.display()
+        )));
+    }
+    // Names as pandas gives them: untrimmed, a UTF-8 byte-order mark dropped.
+    let mut names: Vec<String> = record
+        .iter()
+        .map(|n| String::from_utf8_lossy(n).to_string())
+        .collect();
+    if let Some(first) = names.first_mut() {
+        if let Some(rest) = first.strip_prefix('\u{feff}') {
+            *first = rest.to_string();
+        }
+    }
+    let mut seen = vec![Seen::default(); names.len()];
+    let mut n = 0;
+    while n < INFER_RECORDS && rdr.read_byte_record(&mut record).map_err(bad)? {
+        n += 1;
+        if record.len() != names.len() {
+            continue;
+        }
+        for (s, v) in seen.iter_mut().zip(record.iter()) {
+            s.update(v);
+        }
+    }
+    Ok(Schema::new(
+        names
+            .into_iter()
+            .zip(seen)
+            .map(|(n, s)| Field::new(n, s.data_type(), true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The common type of one column across files, as pandas' concat would give it.
+fn unify_type(a: &DataType, b: &DataType) -> Option<DataType> {
+    if a == b {
+        return Some(a.clone());
+    }
+    if a.is_integer() && b.is_integer() {
+        return Some(DataType::Int64);
+    }
+    if (a.is_integer() || a.is_floating()) && (b.is_integer() || b.is_floating()) {
+        return Some(DataType::Float64);
+    }
+    let text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    if text(a) && text(b) {
+        return Some(DataType::Utf8);
+    }
+    None
+}
+
+/// One schema for all inputs: same column names in the same order; types unified.
+pub fn unify_schemas(inputs: &[Input]) -> Result<SchemaRef, CleanError> {
+    let first = &inputs[0];
+    let names =
+        |s: &Schema| -> Vec<String> { s.fields().iter().map(|f| f.name().clone()).collect() };
+    let mut types: Vec<DataType> = first
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    for other in &inputs[1..] {
+        if names(&other.schema) != names(&first.schema) {
+            return Err(CleanError::Data(format!(
+                "{} has columns [{}] but {} has [{}]; all inputs must have the same columns \
+                 in the same order",
+                other.path.display(),
+                names(&other.schema).join(", "),
+                first.path.display(),
+                names(&first.schema).join(", ")
+            )));
+        }
+        for (i, f) in other.schema.fields().iter().enumerate() {
+            types[i] = unify_type(&types[i], f.data_type()).ok_or_else(|| {
+                CleanError::Data(format!(
+                    "column '{}' is {} in {} but {} in {}",
+                    f.name(),
+                    types[i],
+                    first.path.display(),
+                    f.data_type(),
+                    other.path.display()
+                ))
+            })?;
+        }
+    }
+    let fields: Vec<Field> = first
+        .schema
+        .fields()
+        .iter()
+        .zip(types)
+        .map(|(f, t)| Field::new(f.name(), t, true))
+        .collect();
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// Where a unit's bytes or rows are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// CSV bytes `[offset, offset + len)`; `header` when the range starts with the header line.
+    Csv {
+        /// Byte offset in the file.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// Whether the first record is the header.
+        header: bool,
+    },
+    /// Rows `[skip, skip + take)` of Parquet row group `rg`.
+    Parquet {
+        /// Row group.
+        rg: usize,
+        /// Rows skipped at its start.
+        skip: usize,
+        /// Rows read.
+        take: usize,
+        /// Approximate uncompressed bytes, for progress.
+        bytes: u64,
+    },
+}
+
+impl Span {
+    /// Bytes this unit stands for, for progress.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Span::Csv { len, .. } => *len,
+            Span::Parquet { bytes, .. } => *bytes,
+        }
+    }
+}
+
+/// Splits a Parquet file into units of at most about `chunk` uncompressed bytes.
+pub fn parquet_spans(input: &Input, chunk: u64) -> Vec<Span> {
+    let Some(meta) = &input.parquet else {
+        return Vec::new();
+    };
+    let mut spans = Vec::new();
+    for (rg, g) in meta.metadata().row_groups().iter().enumerate() {
+        let rows = g.num_rows().max(0) as usize;
+        if rows == 0 {
+            continue;
+        }
+        let bytes = g.total_byte_size().max(1) as u64;
+        let pieces = bytes.div_ceil(chunk.max(1)).max(1) as usize;
+        let per = rows.div_ceil(pieces);
+        let mut skip = 0;
+        while skip < rows {
+            let take = per.min(rows - skip);
+            spans.push(Span::Parquet {
+                rg,
+                skip,
+                take,
+                bytes: bytes * take as u64 / rows as u64,
+            });
+            skip += take;
+        }
+    }
+    spans
+}
+
+/// Cuts a CSV file into record-aligned ranges of about `chunk` bytes, reading it once,
+/// sequentially. Calls `emit(span, bytes)` for each range in order.
+pub fn csv_chunks(
+    path: &Path,
+    chunk: usize,
+    mut emit: impl FnMut(Span, Vec<u8>) -> Result<(), CleanError>,
+) -> Result<(), CleanError> {
+    let mut file = File::open(path).map_err(|e| io_err(path, e))?;
+    let size = file.metadata().map_err(|e| io_err(path, e))?.len();
+    let mut carry: Vec<u8> = Vec::new();
+    let mut offset = 0u64;
+    let mut header = true;
+    let mut want = chunk.max(1);
+    let mut eof = false;
+    loop {
+        let left = size.saturating_sub(offset) as usize;
+        let mut buf = Vec::with_capacity(want.min(left).max(carry.len()) + 1);
+        buf.append(&mut carry);
+        if buf.len() < want && !eof {
+            // `read_to_end` fills spare capacity without zeroing it first.
+            let need = (want - buf.len()) as u64;
+            let n = (&mut file)
+                .take(need)
+                .read_to_end(&mut buf)
+                .map_err(|e| io_err(path, e))?;
+            eof = (n as u64) < need;
+        }
+        if eof {
+            if !buf.is_empty() {
+                let len = buf.len() as u64;
+                emit(
+                    Span::Csv {
+                        offset,
+                        len,
+                        header,
+                    },
+                    buf,
+                )?;
+            }
+            return Ok(());
+        }
+        match record_boundary(&buf) {
+            Some(cut) => {
+                carry = buf.split_off(cut);
+                let len = buf.len() as u64;
+                emit(
+                    Span::Csv {
+                        offset,
+                        len,
+                        header,
+                    },
+                    buf,
+                )?;
+                offset += len;
+                header = false;
+                want = chunk.max(1);
+            }
+            None => {
+                // One record longer than the chunk: read more before cutting.
+                carry = buf;
+                want = want.saturating_mul(2);
+            }
+        }
+    }
+}
+
+/// Position just after the last newline that is outside quotes, if any. Chunks always start
+/// outside quotes, so parity counts from 0.
+fn record_boundary(buf: &[u8]) -> Option<usize> {
+    let quotes: Vec<usize> = memchr::memchr_iter(b'"', buf).collect();
+    let mut end = buf.len();
+    while let Some(nl) = memchr::memrchr(b'\n', &buf[..end]) {
+        let before = quotes.partition_point(|&q| q < nl);
+        if before % 2 == 0 {
+            return Some(nl + 1);
+        }
+        end = nl;
+    }
+    None
+}
+
+/// Reads a CSV span's bytes again (pass 2 of a standardize run).
+pub fn read_span(path: &Path, offset: u64, len: u64) -> Result<Vec<u8>, CleanError> {
+    let file = File::open(path).map_err(|e| io_err(path, e))?;
+    let len = usize::try_from(len).map_err(|_| CleanError::Data("span too large".into()))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)
+        .map_err(|e| io_err(path, e))?;
+    Ok(buf)
+}
+
+/// How CSV decoding treats malformed rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadRows {
+    /// Fail, naming the file and line.
+    Error,
+    /// Drop them, count them and warn about the first few.
+    Skip,
+}
+
+/// What decoding a CSV unit produced.
+pub struct Decoded {
+    /// Record batches, in row order.
+    pub batches: Vec<RecordBatch>,
+    /// Malformed rows dropped (`--bad-rows skip`), with a description of the first few.
+    pub skipped: Vec<String>,
+    /// Total number of skipped rows.
+    pub skipped_count: u64,
+}
+
+fn decode_all(
+    schema: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+    bytes: &[u8],
+    header: bool,
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>, arrow::error::ArrowError> {
+    let mut builder = ReaderBuilder::new(schema.clone())
+        .with_header(header)
+        .with_batch_size(batch_rows);
+    if let Some(p) = projection {
+        builder = builder.with_projection(p.clone());
+    }
+    let mut decoder = builder.build_decoder();
+    let mut batches = Vec::new();
+    let mut pos = 0;
+    loop {
+        let n = decoder.decode(&bytes[pos..])?;
+        pos += n;
+        if decoder.capacity() == 0 || n == 0 {
+            if let Some(b) = decoder.flush()? {
+                batches.push(b);
+            }
+        }
+        if n == 0 && pos >= bytes.len() {
+            break;
+        }
+    }
+    Ok(batches)
+}
+
+/// Decodes one CSV unit with the unified `schema` (all file columns) and `projection`.
+/// `offset` is the unit's byte offset in `path`, used only to name lines in errors.
+pub fn decode_csv(
+    path: &Path,
+    schema: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+    bytes: &[u8],
+    offset: u64,
+    header: bool,
+    bad_rows: BadRows,
+) -> Result<Decoded, CleanError> {
+    match decode_all(schema, projection, bytes, header, BATCH_ROWS) {
+        Ok(batches) => Ok(Decoded {
+            batches,
+            skipped: Vec::new(),
+            skipped_count: 0,
+        }),
+        Err(_) => slow_decode(path, schema, projection, bytes, offset, header, bad_rows),
+    }
+}
+
+/// The record-by-record path: finds each bad record, names its line, and either fails or
+/// decodes the good records only.
+fn slow_decode(
+    path: &Path,
+    schema: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+    bytes: &[u8],
+    offset: u64,
+    header: bool,
+    bad_rows: BadRows,
+) -> Result<Decoded, CleanError> {
+    let lines_before = count_lines_before(path, offset)?;
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(bytes);
+    let mut record = csv::ByteRecord::new();
+    let mut good: Vec<u8> = Vec::with_capacity(bytes.len());
+    let mut skipped = Vec::new();
+    let mut skipped_count = 0u64;
+    let mut first = true;
+    let ncols = schema.fields().len();
+    loop {
+        let start = rdr.position().byte() as usize;
+        let more = rdr
+            .read_byte_record(&mut record)
+            .map_err(|e| CleanError::Data(format!("{}: unreadable CSV: {e}", path.display())))?;
+        if !more {
+            break;
+        }
+        let end = (rdr.position().byte() as usize).min(bytes.len());
+        let raw = &bytes[start..end];
+        if std::mem::take(&mut first) && header {
+            continue;
+        }
+        let line = lines_before + memchr::memchr_iter(b'\n', &bytes[..start]).count() as u64 + 1;
+        let problem = if record.len() != ncols {
+            Some(format!("expected {ncols} fields, found {}", record.len()))
+        } else {
+            explain(schema, &record)
+        };
+        match problem {
+            None => {
+                good.extend_from_slice(raw);
+                if !raw.ends_with(b"\n") {
+                    good.push(b'\n');
+                }
+            }
+            Some(why) => {
+                let msg = format!("{}: line {line}: {why}", path.display());
+                if bad_rows == BadRows::Error {
+                    return Err(CleanError::Data(format!(
+                        "{msg} (fix the file, or pass --bad-rows skip to drop malformed rows)"
+                    )));
+                }
+                skipped_count += 1;
+                if skipped.len() < 5 {
+                    skipped.push(msg);
+                }
+            }
+        }
+    }
+    let batches = decode_all(schema, projection, &good, false, BATCH_ROWS)
+        .map_err(|e| CleanError::Data(format!("{}: {e}", path.display())))?;
+    Ok(Decoded {
+        batches,
+        skipped,
+        skipped_count,
+    })
+}
+
+/// Names the first field of a record that does not fit its column's type.
+fn explain(schema: &SchemaRef, record: &csv::ByteRecord) -> Option<String> {
+    for (field, raw) in schema.fields().iter().zip(record.iter()) {
+        let v = String::from_utf8_lossy(raw);
+        let t = v.trim();
+        if t.is_empty() {
+            continue;
+        }
+        let ok = match field.data_type() {
+            DataType::Int64 => t.parse::<i64>().is_ok(),
+            DataType::Float64 => t.parse::<f64>().is_ok() || t.eq_ignore_ascii_case("nan"),
+            DataType::Boolean => t.eq_ignore_ascii_case("true") || t.eq_ignore_ascii_case("false"),
+            _ => true,
+        };
+        if !ok {
+            return Some(format!(
+                "column '{}': '{v}' is not {} (the type read from the file's first {INFER_RECORDS} \
+                 rows)",
+                field.name(),
+                field.data_type()
+            ));
+        }
+    }
+    None
+}
+
+fn count_lines_before(path: &Path, offset: u64) -> Result<u64, CleanError> {
+    let mut f = BufReader::with_capacity(1 << 20, File::open(path).map_err(|e| io_err(path, e))?)
+        .take(offset);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut lines = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io_err(path, e))?;
+        if n == 0 {
+            return Ok(lines);
+        }
+        lines += memchr::memchr_iter(b'\n', &buf[..n]).count() as u64;
+    }
+}
+
+/// Decodes one Parquet unit: the selected rows, projected and cast to the unified schema.
+pub fn decode_parquet(
+    input: &Input,
+    rg: usize,
+    skip: usize,
+    take: usize,
+    projection: &[usize],
+    target: &SchemaRef,
+) -> Result<Vec<RecordBatch>, CleanError> {
+    let data_err = |e: &dyn std::fmt::Display| {
+        CleanError::Data(format!("{}: row group {rg}: {e}", input.path.display()))
+    };
+    let Some(meta) = input.parquet.clone() else {
+        return Err(data_err(&"not a Parquet file"));
+    };
+    let file = File::open(&input.path).map_err(|e| io_err(&input.path, e))?;
+    let mask = ProjectionMask::roots(meta.parquet_schema(), projection.iter().copied());
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
+        .with_row_groups(vec![rg])
+        .with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(skip),
+            RowSelector::select(take),
+        ]))
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|e| data_err(&e))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| data_err(&e))?;
+        // Projection keeps file order; reorder by name into the target order and cast.
+        let cols = target
+            .fields()
+            .iter()
+            .map(|f| {
+                let idx = batch
+                    .schema()
+                    .index_of(f.name())
+                    .map_err(|e| data_err(&e))?;
+                let c = batch.column(idx);
+                if c.data_type() == f.data_type() {
+                    Ok(c.clone())
+                } else {
+                    cast(c, f.data_type()).map_err(|e| data_err(&e))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(RecordBatch::try_new(target.clone(), cols).map_err(|e| data_err(&e))?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundary_skips_quoted_newlines() {
+        let buf = b"a,b\n1,\"x\ny\"\n2,\"p\nq";
+        // The last newline is inside an open quote; the one before it is inside quotes too.
+        assert_eq!(record_boundary(buf), Some(12));
+        assert_eq!(record_boundary(b"no newline"), None);
+    }
+}
