@@ -16,6 +16,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once at start-up: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Mount SOURCE at MOUNTPOINT through a read-ahead cache on scratch (read-only).
     Mount(cli::mount::Args),
