@@ -108,6 +108,8 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
     // Readers waiting more than a tenth of the time means the data path, not compute, is the limit.
     let verdict = if wait_share > 0.10 {
         "I/O-BOUND: readers spend much of their time waiting on the source; staging or a warm cache will help"
+    } else if s.bytes_from_cache + s.bytes_from_source == 0 && s.passthrough_opens > 0 {
+        "not I/O-bound: files are read straight from scratch by the kernel (passthrough)"
     } else if s.bytes_from_cache + s.bytes_from_source == 0 {
         "idle: nothing read yet"
     } else {
