@@ -160,7 +160,11 @@ pub struct FsCore {
     started: Instant,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    cross_file: Option<SyncSender<PathBuf>>,
+    /// Dropped at shutdown, which ends the cross-file thread so it can be joined.
+    cross_file: Mutex<Option<SyncSender<PathBuf>>>,
+    /// Owner and mtime of the source root, given to virtual nodes (read once: no stat per
+    /// virtual entry on the readdir path of `.npy/`).
+    root_attr: (SystemTime, u32, u32),
     views: Mutex<Option<Arc<Views>>>,
 }
 
@@ -251,7 +255,12 @@ impl FsCore {
             )?);
         }
         Ok(Arc::new(FsCore {
-            cross_file: (cfg.cross_file > 0).then_some(tx),
+            cross_file: Mutex::new((cfg.cross_file > 0).then_some(tx)),
+            root_attr: (
+                time(meta.mtime(), meta.mtime_nsec()),
+                meta.uid(),
+                meta.gid(),
+            ),
             views: Mutex::new(None),
             cfg,
             inodes: InodeTable::default(),
@@ -274,12 +283,10 @@ impl FsCore {
         if let Err(e) = self.store.flush() {
             warn!(error = %e, "could not write the cache index at unmount");
         }
+        lock(&self.cross_file).take();
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {
-            // The cross-file thread ends only when the core is dropped; don't wait for it.
-            if t.thread().name() != Some("stagefs-xfile") {
-                let _ = t.join();
-            }
+            let _ = t.join();
         }
     }
 
@@ -377,10 +384,7 @@ impl FsCore {
     }
 
     fn virtual_attr(&self, ino: u64, kind: Kind, size: u64) -> Attr {
-        let root = fs::metadata(&self.cfg.source).ok();
-        let t = root
-            .as_ref()
-            .map_or(UNIX_EPOCH, |m| time(m.mtime(), m.mtime_nsec()));
+        let (t, uid, gid) = self.root_attr;
         Attr {
             ino,
             size,
@@ -391,8 +395,8 @@ impl FsCore {
             kind,
             perm: if kind == Kind::Dir { 0o555 } else { 0o444 },
             nlink: if kind == Kind::Dir { 2 } else { 1 },
-            uid: root.as_ref().map_or(0, |m| m.uid()),
-            gid: root.as_ref().map_or(0, |m| m.gid()),
+            uid,
+            gid,
             rdev: 0,
         }
     }
@@ -550,7 +554,7 @@ impl FsCore {
                 if pt.is_some() {
                     self.stats.passthrough_opens.fetch_add(1, Relaxed);
                 }
-                if let Some(tx) = &self.cross_file {
+                if let Some(tx) = lock(&self.cross_file).as_ref() {
                     if sig.size <= SMALL_FILE {
                         // Full queue: drop; the next open asks again.
                         if let Err(TrySendError::Disconnected(_)) = tx.try_send(rel.clone()) {

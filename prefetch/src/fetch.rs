@@ -226,7 +226,7 @@ impl Fetcher {
                     stats.block_misses.fetch_add(1, Relaxed);
                     self.shared.demand_active.fetch_add(1, Relaxed);
                     let started = Instant::now();
-                    let data = self.fetch_block(rel, sig, idx, None);
+                    let data = fetch_block(&self.shared, rel, sig, idx, None);
                     self.shared.demand_active.fetch_sub(1, Relaxed);
                     stats
                         .reader_wait_ns
@@ -245,17 +245,6 @@ impl Fetcher {
             }
         }
         Ok(out)
-    }
-
-    /// Fetches (or waits for) one block and caches it.
-    fn fetch_block(
-        &self,
-        rel: &Path,
-        sig: Signature,
-        idx: u64,
-        prio: Option<Priority>,
-    ) -> Result<Arc<Vec<u8>>, SourceError> {
-        fetch_block(&self.shared, rel, sig, idx, prio)
     }
 
     /// Queues blocks `blocks` of `rel` for fetching ahead of readers. Blocks already cached,
@@ -350,7 +339,7 @@ fn fetch_block(
         Claim::Mine(slot) => slot,
     };
     // Someone may have cached the block between our miss and our claim.
-    let mut buf = vec![0u8; BLOCK_SIZE as usize];
+    let mut buf = vec![0u8; block_len(sig.size, idx) as usize];
     let result = match shared.store.read_block(rel, sig, idx, &mut buf) {
         Some(n) => {
             buf.truncate(n);
