@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use stagefs_convert::{DirSource, View, ViewKind, ViewOptions, ViewSet};
+use stagefs_views::{DirSource, View, ViewKind, ViewOptions, ViewSet};
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 

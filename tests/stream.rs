@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use stagefs_convert::npy::{DType, NpyHeader};
+use stagefs_npy::{DType, NpyHeader};
 
 fn stagefs(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stagefs"))

@@ -32,7 +32,7 @@ use crate::error::FsError;
 use crate::inode::{InodeTable, Node, ROOT};
 use crate::listing::Listings;
 use crate::views::{OpenView, Views};
-use stagefs_convert::ViewKind;
+use stagefs_views::ViewKind;
 
 /// Files after an opened small file that are fetched ahead (about 3 MB of 100 KB images: a
 /// DataLoader batch or two, enough to hide per-file latency without flooding the queue).

@@ -2,8 +2,8 @@
 
 use std::io;
 
-use stagefs_convert::ViewError;
 use stagefs_prefetch::SourceError;
+use stagefs_views::ViewError;
 use thiserror::Error;
 
 /// An error answered to a filesystem request.

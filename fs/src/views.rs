@@ -1,6 +1,6 @@
 //! The `.npy/` tree inside the mount: tensor views of the source's tables and image folders.
 //!
-//! The views (from `stagefs-convert`) read their inputs through [`MountSource`], i.e. through
+//! The views (from `stagefs-views`) read their inputs through [`MountSource`], i.e. through
 //! the same scratch cache and fetcher as ordinary reads, so decoding warms the cache and never
 //! bypasses it. Rendered bytes are cached on scratch too, in the same store and LRU as raw
 //! blocks, under a key derived from the view path and a *generation* (a hash of the source
@@ -18,11 +18,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
-use stagefs_convert::{
-    ByteSource, EntryKind, SourceEntry, View, ViewError, ViewKind, ViewOptions, ViewSet,
-};
 use stagefs_prefetch::meta::path_key;
 use stagefs_prefetch::{block_count, block_len, Fetcher, Signature, Stats, BLOCK_SIZE};
+use stagefs_views::{
+    ByteSource, EntryKind, SourceEntry, View, ViewError, ViewKind, ViewOptions, ViewSet,
+};
 use tracing::{debug_span, warn};
 
 /// Prefix of the cache keys of rendered views; no source path starts with a NUL byte.
@@ -112,7 +112,7 @@ impl Views {
         strict: bool,
     ) -> Result<Arc<Views>, ViewError> {
         let stats = fetcher.stats().clone();
-        let on_bad: stagefs_convert::view::BadInputHook =
+        let on_bad: stagefs_views::view::BadInputHook =
             Arc::new(move |path: &Path, reason: &str| {
                 let msg = format!("bad view input {}: {reason}", path.display());
                 if !stats.has_error(&msg) {

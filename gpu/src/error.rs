@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use stagefs_convert::npy::NpyError;
+use stagefs_npy::NpyError;
 use thiserror::Error;
 
 /// A failure of the device backend (allocation, copy, event, driver loading).

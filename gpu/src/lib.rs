@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use stagefs_convert::npy::{DType, NpyHeader};
+//! use stagefs_npy::{DType, NpyHeader};
 //! use stagefs_gpu::{HostDevice, Source, StreamConfig, Streamer};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,6 +1,6 @@
 //! Sources: which bytes of which file become rows, and how they are read.
 //!
-//! A [`Source`] is a `.npy` file (its header parsed with `stagefs_convert::npy`), optionally cut
+//! A [`Source`] is a `.npy` file (its header parsed with `stagefs_npy`), optionally cut
 //! to a row range, or a raw byte range with a row size. Reads go through [`ReadAt`] so a file, a
 //! cache or a test's deliberately slow reader all plug in; files are read with positioned reads
 //! (`pread`), which need no shared file offset and so serve several reader threads at once.
@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use stagefs_convert::npy::{DType, NpyHeader, MAX_HEADER_LEN};
+use stagefs_npy::{DType, NpyHeader, MAX_HEADER_LEN};
 
 use crate::error::StreamError;
 

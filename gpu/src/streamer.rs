@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use stagefs_convert::npy::DType;
+use stagefs_npy::DType;
 
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use stagefs_convert::npy::{DType, NpyHeader};
 use stagefs_gpu::{CudaDevice, DeviceError, Source, StreamConfig, Streamer};
+use stagefs_npy::{DType, NpyHeader};
 
 #[test]
 fn cuda_device_opens_or_reports_why_not() {

@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stagefs_convert::npy::{DType, NpyHeader};
 use stagefs_gpu::{HostDevice, ReadAt, Source, StreamConfig, StreamError, Streamer};
+use stagefs_npy::{DType, NpyHeader};
 
 /// Runs `body` on its own thread and fails if it has not finished within `secs` seconds.
 fn watchdog(secs: u64, body: impl FnOnce() + Send + 'static) {

@@ -1,7 +1,7 @@
 //! `stagefs convert SOURCE OUT --to npy`: writes the mount's `.npy/` tree as real files.
 //!
 //! `OUT/<p>` is byte-identical to `MOUNTPOINT/.npy/<p>`: both come from the same views
-//! (`stagefs_convert::ViewSet`). Files are rendered in parallel (`-j`), each written to a
+//! (`stagefs_views::ViewSet`). Files are rendered in parallel (`-j`), each written to a
 //! temporary name and renamed into place. Corrupt images are written as zero slots and listed;
 //! corrupt tables are skipped and listed; the exit code is 1 when anything was listed, unless
 //! `--allow-bad`.
@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use stagefs_convert::write::{create_dirs, plan, write_file};
-use stagefs_convert::{DirSource, ViewError, ViewOptions, ViewSet};
+use stagefs_views::write::{create_dirs, plan, write_file};
+use stagefs_views::{DirSource, ViewError, ViewOptions, ViewSet};
 
 /// Runs the conversion; returns the process exit code.
 pub fn run(args: &super::convert::Args) -> anyhow::Result<i32> {

@@ -1,5 +1,5 @@
 //! `stagefs convert --to parquet`: the table-cleaning job (dropna, filters, standardize) as a
-//! thin layer over `stagefs_convert::clean`.
+//! thin layer over `stagefs_clean`.
 //!
 //! Steps apply in command-line order, which clap's derived struct does not keep (it groups
 //! values per flag), so the order is recovered from clap's own argument indices by parsing the
@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args as _, FromArgMatches as _};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use stagefs_convert::clean::{
-    self, parse_filter, parse_selector, BadRows, CleanError, CleanOptions, Codec, Mode, Progress,
-    Shard, Step,
+use stagefs_clean::{
+    parse_filter, parse_selector, BadRows, CleanError, CleanOptions, Codec, Mode, Progress, Shard,
+    Step,
 };
 
 use super::convert::Args;
@@ -155,7 +155,7 @@ fn run_inner(args: &Args) -> anyhow::Result<i32> {
                 }
             })
         });
-        let r = clean::run(&opts, &progress);
+        let r = stagefs_clean::run(&opts, &progress);
         done.store(true, Ordering::Relaxed);
         if let Some(t) = ticker {
             let _ = t.join();

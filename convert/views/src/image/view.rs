@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::ViewError;
-use crate::npy::{DType, NpyHeader};
 use crate::source::{read_all, ByteSource};
 use crate::tree::ImageFolder;
 use crate::view::{read_rows, BytesView, View, ViewOptions};
+use stagefs_npy::{DType, NpyHeader};
 
 /// Partially read slots kept per view: enough for the boundaries of the chunks a few dozen
 /// reader threads have in flight.

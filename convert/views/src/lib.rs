@@ -1,13 +1,11 @@
-//! Formats and tensor views for stagefs.
+//! Tensor views for stagefs: tables and image folders as NumPy `.npy` arrays.
 //!
 //! This crate knows nothing of FUSE: a view is "exact size up front + render any byte range",
 //! and decoders get their input bytes from the caller, so the mount feeds them from the scratch
 //! cache and `stagefs convert` from plain files.
 
-pub mod clean;
 pub mod error;
 pub mod image;
-pub mod npy;
 pub mod source;
 pub mod table;
 pub mod tree;

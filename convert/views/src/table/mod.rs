@@ -24,10 +24,10 @@ use arrow::datatypes::{
 use serde_json::json;
 
 use crate::error::ViewError;
-use crate::npy::{DType, NpyHeader};
 use crate::source::ByteSource;
 use crate::tree::TableFormat;
 use crate::view::{read_rows, BytesView, View};
+use stagefs_npy::{DType, NpyHeader};
 
 /// Rendered blocks kept per table (bytes): a few row groups of a wide table.
 pub const CACHE_BYTES: usize = 64 << 20;

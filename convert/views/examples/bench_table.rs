@@ -1,6 +1,6 @@
 //! Parquet column → `.npy` bytes throughput of the table views, one thread.
 //!
-//! `cargo run --release -p stagefs-convert --example bench_table -- FILE.parquet COLUMN [ROUNDS]`
+//! `cargo run --release -p stagefs-views --example bench_table -- FILE.parquet COLUMN [ROUNDS]`
 //! renders `<COLUMN>.npy` in full through `View::read_at` (8 MiB reads, as `convert` does)
 //! from a freshly opened table each round (footer parse included) and prints GB/s of array data.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use stagefs_convert::{DirSource, ViewOptions, ViewSet};
+use stagefs_views::{DirSource, ViewOptions, ViewSet};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -1,12 +1,12 @@
 //! Single-core decode + resize + center crop throughput of the image views' renderer.
 //!
-//! `cargo run --release -p stagefs-convert --example bench_images -- DIR [SIZE] [ROUNDS]`
+//! `cargo run --release -p stagefs-views --example bench_images -- DIR [SIZE] [ROUNDS]`
 //! renders every `.jpg` in DIR (files read into memory first, so only decoding is timed) on
 //! the calling thread and prints `images/s` per round. bench/bench_images.py drives it.
 
 use std::time::Instant;
 
-use stagefs_convert::image::decode::render;
+use stagefs_views::image::decode::render;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
