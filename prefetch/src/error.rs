@@ -44,6 +44,15 @@ pub enum CacheError {
         #[source]
         source: io::Error,
     },
+    /// The cache directory exists but may not hold a private cache (symlink, other owner,
+    /// writable by others).
+    #[error("cache directory {path} {reason}; use a directory you own, e.g. under $SLURM_TMPDIR, or remove it and let stagefs create it (mode 0700)")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Writing a block or header failed (e.g. scratch full).
     #[error("writing the cache: {0}")]
     Write(#[source] io::Error),
