@@ -20,6 +20,12 @@ pub enum SourceError {
         /// Path relative to the source root.
         path: PathBuf,
     },
+    /// The path leaves the source tree (`..`, an absolute path, a symlink in a component).
+    #[error("{path} is not a path inside the source")]
+    Outside {
+        /// The offending path.
+        path: PathBuf,
+    },
     /// Any other I/O error from the source.
     #[error("reading {path} from the source: {source}")]
     Io {
