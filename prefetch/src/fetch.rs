@@ -1,7 +1,9 @@
 //! The fetch scheduler: who reads which block from the source, when.
 //!
-//! - A *demand* read (a reader is waiting) fetches a missing block on the caller's own thread
-//!   (a FUSE session thread; there are several), so it never queues behind prefetch work.
+//! - A *demand* read (a reader is waiting) hands a missing block to a small demand pool that
+//!   never queues behind prefetch work, and waits for it at most [`FetchConfig::read_timeout`]:
+//!   a source that hangs on one file fails that reader with `ETIMEDOUT` after a bounded time,
+//!   while other files keep being served (the stuck thread stays stuck, the others do not).
 //! - *Read-ahead*, cross-file prefetch and *staging* go to a pool of worker threads
 //!   ([`FetchConfig::workers`], 32 by default) through bounded queues. Parallel filesystems
 //!   serve many concurrent requests far faster than serial ones, and a small-file epoch needs
@@ -23,6 +25,7 @@
 //! [`FetchConfig::max_queued`] of them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
@@ -58,13 +61,22 @@ pub struct FetchConfig {
     /// Most blocks waiting in the prefetch queues; further read-ahead is dropped (and staging
     /// waits), which bounds memory whatever readers do.
     pub max_queued: usize,
+    /// Longest a reader waits for one block from the source before its read fails with
+    /// `ETIMEDOUT`. Five minutes outlasts the stalls of a healthy parallel filesystem (server
+    /// failover, lock recovery) while a hung one still fails readers in bounded time.
+    pub read_timeout: Duration,
 }
+
+/// Threads running demand fetches: one per concurrent waiting reader (FUSE threads, view
+/// renders) with room for a few stuck on a hung source.
+const DEMAND_THREADS: usize = 16;
 
 impl Default for FetchConfig {
     fn default() -> Self {
         FetchConfig {
             workers: 32,
             max_queued: 4096,
+            read_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -101,10 +113,51 @@ struct Queues {
     staging_running: usize,
 }
 
-/// A block being fetched; waiters get the bytes, or `None` if the fetch failed.
+/// Why a fetch failed, kept for every reader waiting on it (an `io::Error` is not `Clone`).
+#[derive(Clone, Debug)]
+enum Failure {
+    Changed,
+    Gone,
+    Outside,
+    Io(io::ErrorKind, Option<i32>, String),
+}
+
+impl Failure {
+    fn of(e: &SourceError) -> Failure {
+        match e {
+            SourceError::Changed { .. } => Failure::Changed,
+            SourceError::Gone { .. } => Failure::Gone,
+            SourceError::Outside { .. } => Failure::Outside,
+            SourceError::Io { source, .. } => {
+                Failure::Io(source.kind(), source.raw_os_error(), source.to_string())
+            }
+        }
+    }
+
+    fn error(&self, rel: &Path) -> SourceError {
+        let path = rel.to_path_buf();
+        match self {
+            Failure::Changed => SourceError::Changed { path },
+            Failure::Gone => SourceError::Gone { path },
+            Failure::Outside => SourceError::Outside { path },
+            Failure::Io(_, Some(errno), _) => SourceError::Io {
+                path,
+                source: io::Error::from_raw_os_error(*errno),
+            },
+            Failure::Io(kind, None, msg) => SourceError::Io {
+                path,
+                source: io::Error::new(*kind, msg.clone()),
+            },
+        }
+    }
+}
+
+type Outcome = Result<Bytes, Failure>;
+
+/// A block being fetched; waiters get its outcome.
 #[derive(Default)]
 struct Slot {
-    done: Mutex<Option<Option<Bytes>>>,
+    done: Mutex<Option<Outcome>>,
     cv: Condvar,
 }
 
@@ -117,6 +170,7 @@ struct Shared {
     work: Condvar,
     inflight: Mutex<HashMap<BlockId, Arc<Slot>>>,
     demand_active: AtomicUsize,
+    demand: Mutex<Option<crossbeam_channel::Sender<(Want, Arc<Slot>)>>>,
     shutdown: AtomicBool,
 }
 
@@ -138,12 +192,19 @@ struct Publish<'a> {
     shared: &'a Shared,
     id: BlockId,
     slot: Arc<Slot>,
-    result: Option<Bytes>,
+    result: Option<Outcome>,
 }
 
 impl Drop for Publish<'_> {
     fn drop(&mut self) {
-        *lock(&self.slot.done) = Some(self.result.take());
+        let outcome = self.result.take().unwrap_or_else(|| {
+            Err(Failure::Io(
+                io::ErrorKind::Other,
+                None,
+                "fetch aborted".into(),
+            ))
+        });
+        *lock(&self.slot.done) = Some(outcome);
         self.slot.cv.notify_all();
         lock(&self.shared.inflight).remove(&self.id);
     }
@@ -166,9 +227,26 @@ impl Fetcher {
             work: Condvar::new(),
             inflight: Mutex::new(HashMap::new()),
             demand_active: AtomicUsize::new(0),
+            demand: Mutex::new(None),
             shutdown: AtomicBool::new(false),
         });
         let mut workers = Vec::new();
+        let (tx, rx) = crossbeam_channel::unbounded::<(Want, Arc<Slot>)>();
+        *lock(&shared.demand) = Some(tx);
+        for i in 0..DEMAND_THREADS {
+            let s = shared.clone();
+            let rx = rx.clone();
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("stagefs-demand-{i}"))
+                    .spawn(move || {
+                        // Ends when the fetcher shuts down (the sender is dropped).
+                        for (w, slot) in rx {
+                            run_fetch(&s, &w, slot, None);
+                        }
+                    })?,
+            );
+        }
         for i in 0..cfg.workers.max(1) {
             let s = shared.clone();
             workers.push(
@@ -214,19 +292,42 @@ impl Fetcher {
             self.shared.stats.block_hits.fetch_add(1, Relaxed);
             return Ok(Fetched { data, hit: true });
         }
-        self.shared.stats.block_misses.fetch_add(1, Relaxed);
-        self.shared.demand_active.fetch_add(1, Relaxed);
+        let shared = &self.shared;
+        shared.stats.block_misses.fetch_add(1, Relaxed);
+        shared.demand_active.fetch_add(1, Relaxed);
+        shared.stats.wait_begin();
         let started = Instant::now();
-        let r = fetch(&self.shared, w, None);
-        self.shared.demand_active.fetch_sub(1, Relaxed);
-        self.shared
-            .stats
-            .reader_wait_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-        Ok(Fetched {
-            data: r?,
-            hit: false,
-        })
+        let slot = match claim(shared, (w.entry, w.slot)) {
+            Claim::Theirs(slot) => slot,
+            Claim::Mine(slot) => {
+                let sent = lock(&shared.demand)
+                    .as_ref()
+                    .map(|tx| tx.send((w.clone(), slot.clone())).is_ok());
+                if sent != Some(true) {
+                    // Shutting down: fetch here rather than leave the slot unpublished.
+                    run_fetch(shared, w, slot.clone(), None);
+                }
+                slot
+            }
+        };
+        let outcome = wait_for(&slot, shared.cfg.read_timeout);
+        shared.stats.wait_end(started.elapsed());
+        shared.demand_active.fetch_sub(1, Relaxed);
+        match outcome {
+            Some(Ok(data)) => Ok(Fetched { data, hit: false }),
+            Some(Err(f)) => Err(f.error(&w.rel)),
+            None => {
+                shared.stats.error(format!(
+                    "reading {} from the source took longer than {:?}: the read failed with ETIMEDOUT",
+                    w.rel.display(),
+                    shared.cfg.read_timeout
+                ));
+                Err(SourceError::Io {
+                    path: w.rel.to_path_buf(),
+                    source: io::Error::from_raw_os_error(libc::ETIMEDOUT),
+                })
+            }
+        }
     }
 
     /// Slot `slot` of entry `entry`: from the cache, else made by `make` on this thread and
@@ -245,7 +346,7 @@ impl Fetcher {
         let id = (entry, slot);
         let slot_ = match claim(shared, id) {
             Claim::Theirs(s) => {
-                if let Some(data) = wait(&s) {
+                if let Some(Ok(data)) = wait_for(&s, Duration::MAX) {
                     return Ok(Fetched { data, hit: true });
                 }
                 // Their attempt failed: try once ourselves for our own error.
@@ -262,12 +363,12 @@ impl Fetcher {
             result: None,
         };
         if let Some(data) = shared.store.read(entry, slot) {
-            publish.result = Some(data.clone());
+            publish.result = Some(Ok(data.clone()));
             return Ok(Fetched { data, hit: true });
         }
         let data = make()?;
         shared.store.insert(entry, slot, &data);
-        publish.result = Some(data.clone());
+        publish.result = Some(Ok(data.clone()));
         Ok(Fetched { data, hit: false })
     }
 
@@ -303,6 +404,7 @@ impl Fetcher {
     /// Stops the workers (queued work is dropped) and waits for them.
     pub fn shutdown(&self) {
         self.shared.shutdown.store(true, Relaxed);
+        lock(&self.shared.demand).take();
         self.shared.work.notify_all();
         let handles: Vec<_> = lock(&self.workers).drain(..).collect();
         for h in handles {
@@ -321,52 +423,77 @@ fn claim(shared: &Shared, id: BlockId) -> Claim {
     Claim::Mine(slot)
 }
 
-fn wait(slot: &Slot) -> Option<Bytes> {
+/// The outcome of `slot`, waiting at most `timeout` (`None`: still running).
+fn wait_for(slot: &Slot, timeout: Duration) -> Option<Outcome> {
+    let deadline = Instant::now().checked_add(timeout);
     let mut done = lock(&slot.done);
     while done.is_none() {
-        done = slot.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+        done = match deadline {
+            None => slot.cv.wait(done).unwrap_or_else(|p| p.into_inner()),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                slot.cv
+                    .wait_timeout(done, left)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0)
+            }
+        };
     }
-    done.clone().flatten()
+    done.clone()
 }
 
-/// Fetches block `w` from the source (once, however many ask at the same time) and caches it.
+/// Fetches block `w` from the source (once, however many ask at the same time) and caches it;
+/// used by prefetch workers, which wait as long as it takes.
 fn fetch(shared: &Shared, w: &Want, prio: Option<Priority>) -> Result<Bytes, SourceError> {
-    let id = (w.entry, w.slot);
-    let slot = match claim(shared, id) {
-        Claim::Theirs(slot) => {
-            return match wait(&slot) {
-                Some(data) => Ok(data),
-                // The other fetch failed; try once ourselves for a precise error.
-                None => read_source(shared, w),
-            };
+    let slot = match claim(shared, (w.entry, w.slot)) {
+        Claim::Theirs(slot) => slot,
+        Claim::Mine(slot) => {
+            run_fetch(shared, w, slot.clone(), prio);
+            slot
         }
-        Claim::Mine(slot) => slot,
     };
+    match wait_for(&slot, Duration::MAX) {
+        Some(Ok(data)) => Ok(data),
+        Some(Err(f)) => Err(f.error(&w.rel)),
+        None => Err(SourceError::Changed {
+            path: w.rel.to_path_buf(),
+        }),
+    }
+}
+
+/// Does the fetch of a claimed block and publishes its outcome to `slot`'s waiters.
+fn run_fetch(shared: &Shared, w: &Want, slot: Arc<Slot>, prio: Option<Priority>) {
     let mut publish = Publish {
         shared,
-        id,
+        id: (w.entry, w.slot),
         slot,
         result: None,
     };
     // Someone may have cached the block between our miss and our claim.
     if let Some(data) = shared.store.read(w.entry, w.slot) {
-        publish.result = Some(data.clone());
-        return Ok(data);
+        publish.result = Some(Ok(data));
+        return;
     }
     let _span = debug_span!("fetch", path = %w.rel.display(), block = w.slot).entered();
     shared.stats.fetches_in_flight.fetch_add(1, Relaxed);
     let r = read_source(shared, w);
     shared.stats.fetches_in_flight.fetch_sub(1, Relaxed);
-    let data = r?;
-    shared.store.insert(w.entry, w.slot, &data);
-    let n = data.len() as u64;
-    match prio {
-        Some(Priority::ReadAhead) => shared.stats.bytes_prefetched.fetch_add(n, Relaxed),
-        Some(Priority::Staging) => shared.stats.bytes_staged.fetch_add(n, Relaxed),
-        None => 0,
-    };
-    publish.result = Some(data.clone());
-    Ok(data)
+    publish.result = Some(match r {
+        Ok(data) => {
+            shared.store.insert(w.entry, w.slot, &data);
+            let n = data.len() as u64;
+            match prio {
+                Some(Priority::ReadAhead) => shared.stats.bytes_prefetched.fetch_add(n, Relaxed),
+                Some(Priority::Staging) => shared.stats.bytes_staged.fetch_add(n, Relaxed),
+                None => 0,
+            };
+            Ok(data)
+        }
+        Err(e) => Err(Failure::of(&e)),
+    });
 }
 
 fn read_source(shared: &Shared, w: &Want) -> Result<Bytes, SourceError> {

@@ -11,11 +11,13 @@
 //! - [`staging`]: the background staging order (small files first, directory order).
 //! - [`source`]: where metadata and bytes come from, with change detection on every read.
 //! - [`stats`]: counters behind `.stagefs/stats`.
+//! - [`hash`]: a hash stable across builds, for names of persistent things.
 
 pub mod cachedir;
 pub mod error;
 pub mod eviction;
 pub mod fetch;
+pub mod hash;
 pub mod index;
 pub mod readahead;
 pub mod segment;

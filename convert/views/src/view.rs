@@ -19,6 +19,14 @@ pub trait View: Send + Sync {
     /// Natural render granularity in bytes (e.g. a few image slots or one row group), so the
     /// caller can cache rendered chunks of this size.
     fn chunk_len(&self) -> u64;
+    /// The byte range of the natural render unit containing `offset` (for an image view, the
+    /// one slot holding it; the `.npy` header is its own unit): a reader of one unit costs one
+    /// unit's rendering. The mount renders and caches by unit. Default: `chunk_len` blocks.
+    fn render_unit(&self, offset: u64) -> std::ops::Range<u64> {
+        let c = self.chunk_len().max(1);
+        let start = offset / c * c;
+        start..start.saturating_add(c).min(self.len())
+    }
     /// True for a zero-length view.
     fn is_empty(&self) -> bool {
         self.len() == 0
