@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{
-    CacheStore, EntryId, FetchConfig, FileKind, Fetcher, LoadedEntry, LocalSource, Source, Stats,
+    CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
     StatsSnapshot, StoreConfig,
 };
 use stagefs_views::{ViewKind, ViewOptions};
@@ -165,6 +165,8 @@ pub struct FsCore {
     views: Mutex<Option<Arc<Views>>>,
     loaded_views: Mutex<Vec<LoadedEntry>>,
     verify: Mutex<Option<SyncSender<EntryId>>>,
+    /// Where the snapshot came from (for the stats).
+    origin: &'static str,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -210,7 +212,7 @@ impl FsCore {
             stats.clone(),
         )?;
         let store = Arc::new(store);
-        let (snapshot, persisted) = Self::snapshot(&cfg, &store, source.clone())?;
+        let (snapshot, origin) = Self::open_snapshot(&cfg, &store, source.clone())?;
         let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
         let files = Files::new(snapshot.clone(), fetcher.clone(), cfg.cross_file);
         let stop = Arc::new(AtomicBool::new(false));
@@ -229,35 +231,42 @@ impl FsCore {
             views: Mutex::new(None),
             loaded_views: Mutex::new(Vec::new()),
             verify: Mutex::new(None),
+            origin,
             cfg,
         });
-        core.start(loaded, persisted)?;
+        core.start(loaded, origin == "cache")?;
         Ok(core)
     }
 
     /// The snapshot to serve: `--index`, else the one persisted in the cache for this source,
     /// else a fresh listing. The flag says whether it is already persisted in the cache.
-    fn snapshot(
+    fn open_snapshot(
         cfg: &FsConfig,
         store: &CacheStore,
         source: Arc<dyn Source>,
-    ) -> Result<(Arc<Snapshot>, bool), FsError> {
+    ) -> Result<(Arc<Snapshot>, &'static str), FsError> {
         if let Some(index) = &cfg.index {
             let s = Snapshot::load(index)?;
             if s.source_root() != cfg.source {
                 return Err(FsError::IndexMismatch {
                     index: index.clone(),
                     of: s.source_root().to_path_buf(),
-                    source: cfg.source.clone(),
+                    mounted: cfg.source.clone(),
                 });
             }
-            return Ok((s, false));
+            // For --revalidate (and directories the index could not list): read lazily.
+            s.attach_source(source);
+            return Ok((s, "index"));
         }
         if !cfg.rescan && store.dir().exists(SNAPSHOT_FILE) {
             match Snapshot::load_from(store.dir(), SNAPSHOT_FILE) {
                 Ok(s) if s.source_root() == cfg.source => {
-                    info!(nodes = s.len(), "serving the snapshot kept in the cache (no listing)");
-                    return Ok((s, true));
+                    info!(
+                        nodes = s.len(),
+                        "serving the snapshot kept in the cache (no listing)"
+                    );
+                    s.attach_source(source);
+                    return Ok((s, "cache"));
                 }
                 Ok(_) => info!("the cache's snapshot is of another source: listing again"),
                 Err(e) => warn!(error = %e, "the cache's snapshot is unusable: listing again"),
@@ -271,7 +280,7 @@ impl FsCore {
                 ..ScanOptions::default()
             },
         )?;
-        Ok((s, false))
+        Ok((s, "listed"))
     }
 
     fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
@@ -325,7 +334,9 @@ impl FsCore {
                 let Some(core) = me.upgrade() else { return };
                 match core.snapshot.wait_complete() {
                     Ok(()) => core.after_listing(loaded, persisted),
-                    Err(e) => warn!(error = %e, "listing the source failed; the cache is not reused"),
+                    Err(e) => {
+                        warn!(error = %e, "listing the source failed; the cache is not reused")
+                    }
                 }
             })?;
         }
@@ -351,7 +362,10 @@ impl FsCore {
         let (plan, total) = self.files.staging_plan();
         let capacity = self.store.capacity();
         if total > capacity {
-            info!(total, capacity, "tree larger than the cache: no background staging");
+            info!(
+                total,
+                capacity, "tree larger than the cache: no background staging"
+            );
             return;
         }
         let files = self.files.clone();
@@ -384,6 +398,19 @@ impl FsCore {
         }
     }
 
+    /// Stops background work *without* writing the cache index, as a killed daemon would
+    /// (what the last flush wrote is all a later mount finds). For crash tests.
+    pub fn abandon(&self) {
+        self.stop.store(true, Relaxed);
+        self.fetcher.shutdown();
+        self.files.stop();
+        lock(&self.verify).take();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
     /// The live counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
@@ -407,6 +434,10 @@ impl FsCore {
         s.pid = std::process::id();
         s.cache_dir = self.cfg.cache_dir.display().to_string();
         s.source = self.cfg.source.display().to_string();
+        let scan = self.snapshot.scan_stats();
+        s.metadata_requests = scan.requests;
+        s.snapshot_entries = self.snapshot.len() as u64;
+        s.snapshot = self.origin.to_string();
         s
     }
 
@@ -489,9 +520,7 @@ impl FsCore {
 
     fn view_attr(&self, ino: u64, rel: &Path, kind: ViewKind, views: &Views) -> Attr {
         match kind {
-            ViewKind::Dir => {
-                self.virtual_attr(ino, FileKind::Dir, 0, views.input_of(rel, true))
-            }
+            ViewKind::Dir => self.virtual_attr(ino, FileKind::Dir, 0, views.input_of(rel, true)),
             ViewKind::File(len) => {
                 self.virtual_attr(ino, FileKind::File, len, views.input_of(rel, false))
             }

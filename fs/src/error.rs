@@ -44,14 +44,14 @@ pub enum FsError {
     #[error("{0}")]
     Snapshot(#[from] SnapshotError),
     /// `--index` names a snapshot of another directory.
-    #[error("{index} is an index of {of}, not of {source}: give the index of this source (stagefs index {source})")]
+    #[error("{} is an index of {}, not of {}: give the index of this source (stagefs index {})", index.display(), of.display(), mounted.display(), mounted.display())]
     IndexMismatch {
         /// The index file.
         index: PathBuf,
         /// The source it was taken of.
         of: PathBuf,
         /// The source being mounted.
-        source: PathBuf,
+        mounted: PathBuf,
     },
     /// The cache directory could not be opened (privacy checks, I/O).
     #[error("{0}")]

@@ -26,8 +26,8 @@ use lru::LruCache;
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{
-    block_count, block_len, CacheStore, EntryId, FileKind, Fetcher, KeyKind, Loaded, Priority,
-    Stats, Version, Want, BLOCK_SIZE,
+    block_count, CacheStore, EntryId, Fetcher, FileKind, KeyKind, Loaded, Priority, Stats, Version,
+    Want, BLOCK_SIZE,
 };
 use tracing::{debug, info, warn};
 
@@ -302,9 +302,7 @@ impl Files {
         let blocks = range.start / BLOCK_SIZE..(range.end - 1) / BLOCK_SIZE + 1;
         let n = block_count(s.version.size);
         self.fetcher.prefetch(
-            blocks
-                .filter(|b| *b < n)
-                .map(|b| Self::want(s, b)),
+            blocks.filter(|b| *b < n).map(|b| Self::want(s, b)),
             Priority::ReadAhead,
         );
     }
@@ -343,7 +341,9 @@ impl Files {
     }
 
     /// Starts the cross-file prefetch thread (ends when [`Files::stop`] drops its channel).
-    pub fn start_cross_file(self: &Arc<Self>) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
+    pub fn start_cross_file(
+        self: &Arc<Self>,
+    ) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
         if self.cross_file == 0 {
             return Ok(None);
         }
@@ -367,7 +367,7 @@ impl Files {
             else {
                 continue;
             };
-            let Ok(Some(pos)) = self.snapshot.position(dir, &name) else {
+            let Some(pos) = position(&self.snapshot, dir, &name) else {
                 continue;
             };
             let count = self.cross_file;
@@ -417,9 +417,9 @@ impl Files {
                 .then_some(le.owner)
                 .filter(|n| self.snapshot.path(*n).is_some_and(|p| p == key));
             let node = hinted.or_else(|| self.snapshot.resolve(key).ok().flatten());
-            let ok = node.and_then(|n| self.snapshot.attr(n).map(|a| (n, a))).filter(|(_, a)| {
-                a.kind == FileKind::File && a.version() == le.version
-            });
+            let ok = node
+                .and_then(|n| self.snapshot.attr(n).map(|a| (n, a)))
+                .filter(|(_, a)| a.kind == FileKind::File && a.version() == le.version);
             match ok {
                 Some((n, _)) if self.bind(n, le.id) == le.id => {
                     if le.owner != n {
@@ -456,7 +456,32 @@ impl Files {
     }
 }
 
-/// Length of block `idx` of a file of `size` bytes (re-exported for views).
-pub fn block_bytes(size: u64, idx: u64) -> u64 {
-    block_len(size, idx)
+/// The index of `name` among the children of `dir` (in name order): a binary search of
+/// single-entry listings, O(log n) for a directory of any size.
+fn position(snapshot: &Snapshot, dir: NodeId, name: &[u8]) -> Option<usize> {
+    let at = |i: usize| {
+        let mut got = None;
+        snapshot
+            .read_dir(dir, i, |_, _, n, _| {
+                got = Some(n.as_bytes().to_vec());
+                false
+            })
+            .ok()?;
+        got
+    };
+    let (mut lo, mut hi) = (0usize, 1usize);
+    // Find an upper bound by doubling, then bisect.
+    while at(hi).is_some_and(|n| n.as_slice() <= name) {
+        lo = hi;
+        hi *= 2;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid) {
+            Some(n) if n.as_slice() < name => lo = mid + 1,
+            Some(n) if n.as_slice() == name => return Some(mid),
+            _ => hi = mid,
+        }
+    }
+    (at(lo).as_deref() == Some(name)).then_some(lo)
 }

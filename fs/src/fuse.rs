@@ -239,7 +239,9 @@ impl Filesystem for FuseFs {
             let mut b = lock(&self.backing);
             if let Some(id) = b.by_fh.remove(&fh.0) {
                 if Arc::strong_count(&id) == 1 {
-                    b.by_ino.retain(|_, w| w.strong_count() > 0 && !Weak::ptr_eq(w, &Arc::downgrade(&id)));
+                    b.by_ino.retain(|_, w| {
+                        w.strong_count() > 0 && !Weak::ptr_eq(w, &Arc::downgrade(&id))
+                    });
                 }
             }
         }

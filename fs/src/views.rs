@@ -352,8 +352,8 @@ impl Views {
         let fetcher = self.files.fetcher();
         let got = fetcher.get_or_make(v.entry, slot, || {
             let range = v.units.range(slot);
-            let _span = debug_span!("render", view = %v.key.display(), offset = range.start)
-                .entered();
+            let _span =
+                debug_span!("render", view = %v.key.display(), offset = range.start).entered();
             let mut buf = vec![0u8; (range.end - range.start) as usize];
             let n = v.view.read_at(range.start, &mut buf)?;
             buf.truncate(n);

@@ -154,6 +154,9 @@ impl Failure {
 
 type Outcome = Result<Bytes, Failure>;
 
+/// A claimed block for the demand pool to fetch, and where to publish it.
+type DemandJob = (Want, Arc<Slot>);
+
 /// A block being fetched; waiters get its outcome.
 #[derive(Default)]
 struct Slot {
@@ -170,7 +173,7 @@ struct Shared {
     work: Condvar,
     inflight: Mutex<HashMap<BlockId, Arc<Slot>>>,
     demand_active: AtomicUsize,
-    demand: Mutex<Option<crossbeam_channel::Sender<(Want, Arc<Slot>)>>>,
+    demand: Mutex<Option<crossbeam_channel::Sender<DemandJob>>>,
     shutdown: AtomicBool,
 }
 
@@ -231,7 +234,7 @@ impl Fetcher {
             shutdown: AtomicBool::new(false),
         });
         let mut workers = Vec::new();
-        let (tx, rx) = crossbeam_channel::unbounded::<(Want, Arc<Slot>)>();
+        let (tx, rx) = crossbeam_channel::unbounded::<DemandJob>();
         *lock(&shared.demand) = Some(tx);
         for i in 0..DEMAND_THREADS {
             let s = shared.clone();

@@ -120,6 +120,13 @@ pub struct StatsSnapshot {
     pub error_count: u64,
     /// The most recent errors.
     pub errors: Vec<String>,
+    /// Where the metadata snapshot came from: `listed` (this mount listed the source), `cache`
+    /// (kept by an earlier mount), or `index` (a `stagefs index` file).
+    pub snapshot: String,
+    /// Entries in the snapshot.
+    pub snapshot_entries: u64,
+    /// Metadata requests (stat, readdir, readlink) this mount sent to the source.
+    pub metadata_requests: u64,
     /// Process id of the mount daemon.
     pub pid: u32,
     /// The cache directory.

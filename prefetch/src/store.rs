@@ -365,14 +365,17 @@ impl CacheStore {
         inner.next_own = max_own + 1;
         // Segments and own files nothing refers to (a killed daemon's last seconds).
         let mut seg_files = vec![None; inner.segs.len()];
-        for n in 1..inner.segs.len() {
-            if inner.segs[n].exists && inner.segs[n].live == 0 {
+        for (n, (seg, file)) in inner.segs.iter_mut().zip(seg_files.iter_mut()).enumerate() {
+            if n == 0 || !seg.exists {
+                continue;
+            }
+            if seg.live == 0 {
                 let _ = self.segdir.remove(segment::name(n as u32));
-                inner.segs[n].exists = false;
-            } else if inner.segs[n].exists {
+                seg.exists = false;
+            } else {
                 match self.segdir.open_rw(segment::name(n as u32), false) {
-                    Ok(f) => seg_files[n] = Some(Arc::new(f)),
-                    Err(_) => inner.segs[n].exists = false,
+                    Ok(f) => *file = Some(Arc::new(f)),
+                    Err(_) => seg.exists = false,
                 }
             }
         }

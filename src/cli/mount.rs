@@ -168,16 +168,16 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         ),
         Ok(_) => {}
     }
-    if fs::read_dir(&args.mountpoint).is_ok_and(|mut d| d.next().is_some()) {
-        bail!(
-            "mountpoint {} is not empty: the mount would hide its files; use an empty directory",
-            args.mountpoint.display()
-        );
-    }
     if is_mountpoint(&args.mountpoint) {
         bail!(
             "{} is already a mountpoint: unmount it first (stagefs umount {})",
             args.mountpoint.display(),
+            args.mountpoint.display()
+        );
+    }
+    if fs::read_dir(&args.mountpoint).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "mountpoint {} is not empty: the mount would hide its files; use an empty directory",
             args.mountpoint.display()
         );
     }
