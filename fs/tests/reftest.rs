@@ -100,7 +100,13 @@ fn run(spec: Vec<(usize, usize)>, ops: Vec<Op>, capacity: u64, stage: bool) {
         c.stage = stage;
         c
     };
-    let mut core: Arc<FsCore> = mount(cfg()).0;
+    let mounted = |c: Arc<FsCore>| {
+        // The model is the tree before any change: let the listing finish first (a change
+        // made while the mount lists is legitimately seen by the snapshot).
+        c.snapshot_ref().wait_complete().unwrap();
+        c
+    };
+    let mut core: Arc<FsCore> = mounted(mount(cfg()).0);
     for op in ops {
         match op {
             Op::Lookup(f) => {
@@ -135,11 +141,11 @@ fn run(spec: Vec<(usize, usize)>, ops: Vec<Op>, capacity: u64, stage: bool) {
             }
             Op::Remount => {
                 core.shutdown();
-                core = mount(cfg()).0;
+                core = mounted(mount(cfg()).0);
             }
             Op::Kill => {
                 core.abandon();
-                core = mount(cfg()).0;
+                core = mounted(mount(cfg()).0);
             }
         }
         // The symlink is served as stored.
