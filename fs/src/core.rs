@@ -61,6 +61,13 @@ pub struct FsConfig {
     pub image_size: u32,
     /// A corrupt image fails view reads with EIO instead of reading as zeros.
     pub strict_views: bool,
+    /// Image views decode JPEGs at a reduced DCT scale (fast mode) instead of exactly.
+    pub fast_decode: bool,
+    /// Largest image (width × height) the views decode; larger ones are bad inputs.
+    pub max_image_pixels: u64,
+    /// Pixels all image decodes of the daemon (FUSE reads and background rendering) may hold
+    /// at once.
+    pub decode_budget: u64,
 }
 
 /// Type of a node, as the kernel needs it.
@@ -317,12 +324,7 @@ impl FsCore {
         if let Some(v) = slot.as_ref() {
             return Ok(v.clone());
         }
-        let v = Views::new(
-            &self.cfg.source,
-            self.fetcher.clone(),
-            self.cfg.image_size,
-            self.cfg.strict_views,
-        )?;
+        let v = Views::new(&self.cfg.source, self.fetcher.clone(), &self.cfg)?;
         *slot = Some(v.clone());
         Ok(v)
     }

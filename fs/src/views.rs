@@ -108,8 +108,7 @@ impl Views {
     pub fn new(
         root: &Path,
         fetcher: Fetcher,
-        image_size: u32,
-        strict: bool,
+        cfg: &crate::core::FsConfig,
     ) -> Result<Arc<Views>, ViewError> {
         let stats = fetcher.stats().clone();
         let on_bad: stagefs_views::view::BadInputHook =
@@ -121,16 +120,32 @@ impl Views {
                 }
             });
         let opts = ViewOptions {
-            image_size,
-            strict,
+            image_size: cfg.image_size,
+            strict: cfg.strict_views,
             on_bad: Some(on_bad),
+            // One budget for the daemon: FUSE threads and the background renderer share it.
+            decode: stagefs_views::image::DecodeSettings {
+                fast: cfg.fast_decode,
+                max_pixels: cfg.max_image_pixels,
+                budget: stagefs_views::image::DecodeBudget::new(cfg.decode_budget),
+            },
         };
         let src = Arc::new(MountSource {
             root: root.to_path_buf(),
             fetcher: fetcher.clone(),
         });
         let set = ViewSet::new(src, opts)?;
-        let generation = generation(root, image_size, strict);
+        // Everything that changes rendered bytes is part of the cache identity.
+        let generation = generation(
+            root,
+            cfg.image_size,
+            cfg.strict_views,
+            &[
+                u64::from(cfg.fast_decode),
+                cfg.max_image_pixels,
+                cfg.decode_budget,
+            ],
+        );
         let (tx, rx) = sync_channel(BACKGROUND_QUEUE);
         let views = Arc::new(Views {
             set,
@@ -271,7 +286,7 @@ fn render_in_background(rx: Receiver<Arc<OpenView>>, views: std::sync::Weak<View
 }
 
 /// A hash of every source file's path, size and mtime, plus the render options.
-fn generation(root: &Path, image_size: u32, strict: bool) -> i64 {
+fn generation(root: &Path, image_size: u32, strict: bool, decode: &[u64]) -> i64 {
     fn walk(root: &Path, rel: &Path, h: &mut u64) {
         let Ok(dir) = fs::read_dir(root.join(rel)) else {
             return;
@@ -292,6 +307,9 @@ fn generation(root: &Path, image_size: u32, strict: bool) -> i64 {
         }
     }
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ u64::from(image_size) ^ (u64::from(strict) << 40);
+    for &d in decode {
+        h = (h ^ d).wrapping_mul(0x0000_0100_0000_01b3);
+    }
     walk(root, Path::new(""), &mut h);
     h as i64
 }

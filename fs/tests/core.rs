@@ -22,6 +22,9 @@ fn core(src: &std::path::Path, cache: &std::path::Path) -> Arc<FsCore> {
         cross_file: 4,
         image_size: 32,
         strict_views: false,
+        fast_decode: false,
+        max_image_pixels: 1 << 26,
+        decode_budget: 1 << 25,
     })
     .unwrap()
 }
