@@ -76,6 +76,13 @@ pub struct FsConfig {
     pub revalidate: Option<Duration>,
     /// Requests in flight while listing the source.
     pub scan_threads: usize,
+    /// Image views decode JPEGs at a reduced DCT scale (fast mode) instead of exactly.
+    pub fast_decode: bool,
+    /// Largest image (width × height) the views decode; larger ones are bad inputs.
+    pub max_image_pixels: u64,
+    /// Pixels all image decodes of the daemon (FUSE reads and background rendering) may hold
+    /// at once.
+    pub decode_budget: u64,
 }
 
 /// Attributes of a node.
@@ -454,6 +461,12 @@ impl FsCore {
             ViewOptions {
                 image_size: self.cfg.image_size,
                 strict: self.cfg.strict_views,
+                // One budget for the daemon: FUSE threads and the background renderer share it.
+                decode: stagefs_views::image::DecodeSettings {
+                    fast: self.cfg.fast_decode,
+                    max_pixels: self.cfg.max_image_pixels,
+                    budget: stagefs_views::image::DecodeBudget::new(self.cfg.decode_budget),
+                },
                 ..ViewOptions::default()
             },
             loaded,

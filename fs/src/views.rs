@@ -208,8 +208,13 @@ impl Views {
                     stats.error(msg);
                 }
             });
+        // Everything that changes rendered bytes is part of the cache identity.
         let mut h = StableHasher::default();
-        h.write(format!("{:?}", (opts.image_size, opts.strict)).as_bytes());
+        h.write_u32(opts.image_size);
+        h.write_u8(u8::from(opts.strict));
+        h.write_u8(u8::from(opts.decode.fast));
+        h.write_u64(opts.decode.max_pixels);
+        h.write_u64(opts.decode.budget.total());
         let options_hash = h.finish();
         let opts = ViewOptions {
             on_bad: Some(on_bad),

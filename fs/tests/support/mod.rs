@@ -96,6 +96,9 @@ pub fn config(src: &Path, cache: &Path) -> FsConfig {
         rescan: false,
         revalidate: None,
         scan_threads: 8,
+        fast_decode: false,
+        max_image_pixels: 1 << 26,
+        decode_budget: 1 << 25,
     }
 }
 
