@@ -12,6 +12,7 @@ pub mod fuse;
 pub mod inode;
 pub mod listing;
 pub mod mount;
+pub mod snapshot;
 pub mod views;
 
 pub use crate::core::{FsConfig, FsCore};
