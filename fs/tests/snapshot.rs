@@ -922,3 +922,18 @@ fn not_an_index_and_other_versions_are_named_as_such() {
     let e = Snapshot::load(&tmp.path().join("absent")).unwrap_err();
     assert!(matches!(e, SnapshotError::Io { .. }), "{e}");
 }
+
+#[test]
+fn damage_is_reported_as_a_checksum_mismatch_not_as_its_first_symptom() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = sample_file(tmp.path());
+    let l = layout(&b);
+    b[l.names] = b'/'; // would be "invalid name" were the checksum recomputed
+    match Snapshot::from_bytes(&b, Path::new("x")) {
+        Err(SnapshotError::Corrupt { reason, .. }) => {
+            assert!(reason.contains("checksum mismatch"), "{reason}");
+            assert!(reason.contains("invalid name"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

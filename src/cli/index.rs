@@ -114,7 +114,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
         eprintln!(
             "indexed {}: {} entries in {} directories in {:.1} s ({:.0} entries/s, {} source \
-             requests); wrote {} ({:.1} MB, {} B/entry in memory); {} skipped",
+             requests); wrote {} ({:.1} MB; in memory {} B/entry, process RSS {:.0} MB); {} \
+             skipped",
             root.display(),
             stats.entries,
             stats.dirs,
@@ -124,6 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             output.display(),
             size as f64 / 1e6,
             snap.memory_bytes() / snap.len().max(1),
+            rss_bytes() as f64 / 1e6,
             stats.errors,
         );
     }
@@ -216,7 +218,7 @@ fn check(file: &Path, quiet: bool) -> anyhow::Result<i32> {
         .unwrap_or_default();
     println!(
         "{}: a valid stagefs index of {}, taken {} ago; {} entries in {} directories, {} \
-         skipped; loaded in {:.0} ms ({:.1} MB in memory)",
+         skipped; loaded in {:.0} ms ({:.1} MB in memory, {} B/entry; process RSS {:.0} MB)",
         file.display(),
         snap.source_root().display(),
         humantime::format_duration(Duration::from_secs(age.as_secs())),
@@ -225,6 +227,8 @@ fn check(file: &Path, quiet: bool) -> anyhow::Result<i32> {
         stats.errors,
         took.as_secs_f64() * 1e3,
         snap.memory_bytes() as f64 / 1e6,
+        snap.memory_bytes() / snap.len().max(1),
+        rss_bytes() as f64 / 1e6,
     );
     if !quiet {
         for e in snap.errors() {
@@ -232,4 +236,14 @@ fn check(file: &Path, quiet: bool) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// This process's resident memory (0 where `/proc` is unavailable): for sizing the daemon.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }

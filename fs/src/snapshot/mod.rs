@@ -557,3 +557,9 @@ fn visible_kids(t: &Tree, d: u32) -> Vec<NodeId> {
         .filter(|&id| t.node(id).is_some_and(|n| n.visible()))
         .collect()
 }
+
+// The filesystem shares one snapshot across its request threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Snapshot>();
+};
