@@ -937,3 +937,49 @@ fn damage_is_reported_as_a_checksum_mismatch_not_as_its_first_symptom() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn concurrent_lookups_during_the_scan_all_find_their_entries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    wide_and_deep(root, 12, 40);
+    let src = TestSource::new(root, Duration::from_micros(200));
+    let s = Snapshot::scan(src, root, opts(8)).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..8usize {
+            let s = &s;
+            scope.spawn(move || {
+                // Each reader walks the directories in its own order, as shuffled loaders do.
+                for k in 0..12 {
+                    let d = (k * 5 + t * 7) % 12;
+                    for f in (0..40).rev() {
+                        let rel = format!("w{d:03}/f{f:03}");
+                        let id = s.resolve(Path::new(&rel)).unwrap();
+                        let id = id.unwrap_or_else(|| panic!("{rel} not found"));
+                        assert_eq!(s.path(id).unwrap(), Path::new(&rel));
+                    }
+                }
+                assert!(s.resolve(Path::new("d/e/f/g/h/target")).unwrap().is_some());
+            });
+        }
+    });
+    s.wait_complete().unwrap();
+    assert_matches_std(&s, root);
+}
+
+#[test]
+fn dropping_a_snapshot_mid_scan_stops_the_listing() {
+    let tmp = tempfile::tempdir().unwrap();
+    wide_and_deep(tmp.path(), 20, 50);
+    let src = TestSource::new(tmp.path(), Duration::from_millis(2));
+    let s = Snapshot::scan(src.clone(), tmp.path(), opts(4)).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    drop(s);
+    // Each thread finishes at most its current request, then stops.
+    std::thread::sleep(Duration::from_millis(300));
+    let settled = src.ops();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(src.ops(), settled, "the listing goes on after the snapshot is gone");
+    assert_eq!(src.in_flight.load(Ordering::SeqCst), 0);
+    assert!(settled < 1000, "{settled} requests: the whole tree was listed anyway");
+}

@@ -98,8 +98,8 @@ impl NodeAttr {
 /// How a scan runs.
 #[derive(Clone, Debug)]
 pub struct ScanOptions {
-    /// Source requests in flight (listing threads). 64 keeps a parallel filesystem's metadata
-    /// servers busy without flooding them; each thread costs a few KiB of memory.
+    /// Source requests in flight (listing threads, at most 1024). 64 keeps a parallel
+    /// filesystem's metadata servers busy without flooding them; each thread costs a few KiB.
     pub threads: usize,
     /// How long a lookup or readdir waits for its directory's listing before failing.
     pub wait_timeout: Duration,
