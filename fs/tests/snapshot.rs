@@ -979,7 +979,14 @@ fn dropping_a_snapshot_mid_scan_stops_the_listing() {
     std::thread::sleep(Duration::from_millis(300));
     let settled = src.ops();
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(src.ops(), settled, "the listing goes on after the snapshot is gone");
+    assert_eq!(
+        src.ops(),
+        settled,
+        "the listing goes on after the snapshot is gone"
+    );
     assert_eq!(src.in_flight.load(Ordering::SeqCst), 0);
-    assert!(settled < 1000, "{settled} requests: the whole tree was listed anyway");
+    assert!(
+        settled < 1000,
+        "{settled} requests: the whole tree was listed anyway"
+    );
 }
