@@ -73,7 +73,8 @@ impl From<SourceError> for FsError {
     }
 }
 
-fn source_errno(e: &SourceError) -> i32 {
+/// The errno a source error stands for (also recorded for a directory that failed to list).
+pub(crate) fn source_errno(e: &SourceError) -> i32 {
     match e {
         SourceError::Changed { .. } | SourceError::Gone { .. } => libc::ESTALE,
         SourceError::Outside { .. } => libc::EACCES,

@@ -16,7 +16,7 @@
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
@@ -407,6 +407,9 @@ impl Files {
         let same = loaded.snapshot == self.snapshot.id();
         let (mut bound, mut dropped) = (0usize, 0usize);
         let mut views = Vec::new();
+        // Entries were cached roughly directory by directory: remember the last directory
+        // resolved, so most keys cost one name lookup rather than a walk from the root.
+        let mut last_dir: Option<(PathBuf, NodeId)> = None;
         for le in loaded.entries {
             if le.kind == KeyKind::View {
                 views.push(le);
@@ -416,7 +419,18 @@ impl Files {
             let hinted = (same && (le.owner as usize) < self.snapshot.len())
                 .then_some(le.owner)
                 .filter(|n| self.snapshot.path(*n).is_some_and(|p| p == key));
-            let node = hinted.or_else(|| self.snapshot.resolve(key).ok().flatten());
+            let node = hinted.or_else(|| {
+                let (parent, name) = (key.parent()?, key.file_name()?);
+                let dir = match &last_dir {
+                    Some((p, d)) if p == parent => *d,
+                    _ => {
+                        let d = self.snapshot.resolve(parent).ok().flatten()?;
+                        last_dir = Some((parent.to_path_buf(), d));
+                        d
+                    }
+                };
+                self.snapshot.lookup(dir, name).ok().flatten()
+            });
             let ok = node
                 .and_then(|n| self.snapshot.attr(n).map(|a| (n, a)))
                 .filter(|(_, a)| a.kind == FileKind::File && a.version() == le.version);

@@ -88,28 +88,3 @@ pub enum SnapshotError {
     #[error("the listing threads stopped before the source was listed")]
     ScanStopped,
 }
-
-impl SnapshotError {
-    /// The errno a filesystem should answer with.
-    pub fn errno(&self) -> i32 {
-        match self {
-            SnapshotError::Source(e) | SnapshotError::Root { source: e, .. } => source_errno(e),
-            SnapshotError::NotDir { .. } => libc::ENOTDIR,
-            SnapshotError::Unlisted { errno, .. } if *errno != 0 => *errno,
-            SnapshotError::TimedOut { .. } => libc::ETIMEDOUT,
-            SnapshotError::NoNode(_) => libc::ENOENT,
-            SnapshotError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            _ => libc::EIO,
-        }
-    }
-}
-
-/// The errno that a source error stands for.
-pub(crate) fn source_errno(e: &SourceError) -> i32 {
-    match e {
-        SourceError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-        SourceError::Gone { .. } => libc::ENOENT,
-        SourceError::Changed { .. } => libc::ESTALE,
-        SourceError::Outside { .. } => libc::EACCES,
-    }
-}

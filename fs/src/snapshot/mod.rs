@@ -98,8 +98,8 @@ impl NodeAttr {
 /// How a scan runs.
 #[derive(Clone, Debug)]
 pub struct ScanOptions {
-    /// Source requests in flight (listing threads). 64 keeps a parallel filesystem's metadata
-    /// servers busy without flooding them; each thread costs a few KiB of memory.
+    /// Source requests in flight (listing threads, at most 1024). 64 keeps a parallel
+    /// filesystem's metadata servers busy without flooding them; each thread costs a few KiB.
     pub threads: usize,
     /// How long a lookup or readdir waits for its directory's listing before failing.
     pub wait_timeout: Duration,
@@ -168,6 +168,8 @@ struct Inner {
     created: SystemTime,
     started: Instant,
     requests: AtomicU64,
+    /// Source requests of the listing a loaded snapshot came from (0 for a scan).
+    loaded_requests: u64,
     /// Directories queued to the pool or being listed by it.
     unfinished: AtomicUsize,
     /// Listing threads alive.
@@ -279,6 +281,22 @@ impl Snapshot {
     /// Loads the copy persisted in the cache directory by [`Snapshot::save_to`].
     pub fn load_from(dir: &CacheDir, name: &str) -> Result<Arc<Snapshot>, SnapshotError> {
         persist::load_from(dir, name)
+    }
+
+    /// Parses a snapshot file's contents already in memory (validated as [`Snapshot::load`]
+    /// does); `origin` names them in errors.
+    pub fn from_bytes(bytes: &[u8], origin: &Path) -> Result<Arc<Snapshot>, SnapshotError> {
+        persist::parse(bytes, origin)
+    }
+
+    /// Waits for the listing to complete, then writes the snapshot file's contents to `w`
+    /// (for storing it somewhere other than a file of its own).
+    pub fn write_to(&self, w: &mut impl std::io::Write) -> Result<(), SnapshotError> {
+        self.wait_complete()?;
+        persist::write_all(self, w).map_err(|source| SnapshotError::Io {
+            path: PathBuf::from("<snapshot stream>"),
+            source,
+        })
     }
 
     /// Waits for the listing to complete, then writes the snapshot to `path` atomically (a new
@@ -539,3 +557,9 @@ fn visible_kids(t: &Tree, d: u32) -> Vec<NodeId> {
         .filter(|&id| t.node(id).is_some_and(|n| n.visible()))
         .collect()
 }
+
+// The filesystem shares one snapshot across its request threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Snapshot>();
+};

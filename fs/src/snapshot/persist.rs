@@ -21,13 +21,15 @@
 //!
 //! Nodes are written breadth first, so each directory's children are the next `count` ids after
 //! the previous directory's: ranges, parents and per-kind side records are all implied by
-//! order, and there are no stored offsets or ids to trust. Loading still trusts nothing: the
-//! section lengths must add up to the file's exact size before anything is allocated (and each
-//! allocation is fallible), every kind, flag, owner index and name is checked, each directory's
-//! children must be later nodes (so the tree is acyclic and every node has one parent), and
-//! names must be strictly increasing within a directory. The checksum catches damage; the checks
-//! make a hostile file that carries a valid checksum an error rather than a panic or an
-//! out-of-memory abort.
+//! order, and there are no stored offsets or ids to trust. Loading streams the file through a
+//! 1 MiB buffer (the names go straight into the tree's arena; no copy of the file is held) and
+//! still trusts nothing: the section lengths must add up to the file's exact size before
+//! anything is allocated (and each allocation is fallible), every kind, flag, owner index and
+//! name is checked, each directory's children must be later nodes (so the tree is acyclic and
+//! every node has one parent), and names must be strictly increasing within a directory. The
+//! checksum catches damage (on an inconsistency the rest is still read, so damage is reported as
+//! a checksum mismatch rather than as its first symptom); the checks make a hostile file that
+//! carries a valid checksum an error rather than a panic or an out-of-memory abort.
 //!
 //! The file is written to a new `0600` temporary with a random name (`O_EXCL`) in the target's
 //! directory, fsynced and renamed over the target, and the directory fsynced: a reader sees the
@@ -35,8 +37,8 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
@@ -57,6 +59,8 @@ pub(crate) const VERSION: u32 = 1;
 const HEADER_LEN: usize = 128;
 /// Size of a node record.
 const NODE_LEN: u64 = 38;
+/// Node records read per batch (38 KiB).
+const NODE_BATCH: usize = 1024;
 /// Size of a directory record.
 const DIR_LEN: u64 = 9;
 /// Size of an owner record.
@@ -71,61 +75,45 @@ const DIR_UNLISTED: u8 = 2;
 
 /// Loads a snapshot file named by the user (symlinks followed: the user chose the path).
 pub(crate) fn load(path: &Path) -> Result<Arc<Snapshot>, SnapshotError> {
-    let io_err = |source| SnapshotError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     // O_NONBLOCK: a FIFO given as the index must not hang the mount.
     let fd = rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
         Mode::empty(),
     )
-    .map_err(|e| io_err(e.into()))?;
-    let file = File::from(fd);
-    let bytes = read_all(&file).map_err(io_err)?;
-    parse(&bytes, path)
+    .map_err(|e| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    load_file(File::from(fd), path)
 }
 
 /// Loads file `name` of the private cache directory.
 pub(crate) fn load_from(dir: &CacheDir, name: &str) -> Result<Arc<Snapshot>, SnapshotError> {
     let path = dir.path().join(name);
-    let io_err = |source| SnapshotError::Io {
+    let file = dir.open_read(name).map_err(|source| SnapshotError::Io {
         path: path.clone(),
         source,
-    };
-    let file = dir.open_read(name).map_err(io_err)?;
-    let bytes = read_all(&file).map_err(io_err)?;
-    parse(&bytes, &path)
+    })?;
+    load_file(file, &path)
 }
 
-/// The whole of a regular file, allocated fallibly.
-fn read_all(file: &File) -> io::Result<Vec<u8>> {
-    let meta = file.metadata()?;
+/// Streams an open regular file through the parser (at most its size at open: a file growing
+/// meanwhile cannot make the load read more).
+fn load_file(file: File, path: &Path) -> Result<Arc<Snapshot>, SnapshotError> {
+    let io_err = |source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = file.metadata().map_err(io_err)?;
     if !meta.is_file() {
-        return Err(io::Error::new(
+        return Err(io_err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "not a regular file",
-        ));
+        )));
     }
-    let len = usize::try_from(meta.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "too large to load"))?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(len).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::OutOfMemory,
-            format!("{len} bytes do not fit in memory"),
-        )
-    })?;
-    // At most `len` bytes: a file growing while read cannot grow the buffer.
-    file.take(len as u64).read_to_end(&mut buf)?;
-    if buf.len() != len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the file shrank while being read",
-        ));
-    }
-    Ok(buf)
+    let len = meta.len();
+    parse_from(BufReader::with_capacity(1 << 20, file.take(len)), len, path)
 }
 
 /// Writes `snap` to `path` atomically.
@@ -204,15 +192,22 @@ fn create_temp(dir: &std::os::fd::OwnedFd) -> io::Result<(File, std::ffi::OsStri
 
 /// Writes the snapshot into `file` and flushes it to disk.
 fn write_file(snap: &Snapshot, file: File) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    write_all(snap, &mut w)?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()
+}
+
+/// Writes the whole file format, checksum included, to `w`.
+pub(crate) fn write_all(snap: &Snapshot, w: &mut impl Write) -> io::Result<()> {
     let mut w = CrcWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
+        inner: w,
         crc: crc32fast::Hasher::new(),
     };
     write_snapshot(snap, &mut w)?;
     let crc = w.crc.finalize();
     w.inner.write_all(&crc.to_le_bytes())?;
-    let file = w.inner.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()
+    w.inner.flush()
 }
 
 /// A writer that checksums what passes through.
@@ -307,7 +302,8 @@ fn write_snapshot(snap: &Snapshot, w: &mut impl Write) -> io::Result<()> {
     h.extend_from_slice(&(errors.len() as u32).to_le_bytes());
     h.extend_from_slice(&t.errors_total.to_le_bytes());
     h.extend_from_slice(&error_bytes.to_le_bytes());
-    h.extend_from_slice(&inner.requests.load(Ordering::SeqCst).to_le_bytes());
+    let requests = inner.loaded_requests + inner.requests.load(Ordering::SeqCst);
+    h.extend_from_slice(&requests.to_le_bytes());
     h.extend_from_slice(&elapsed.to_le_bytes());
     h.extend_from_slice(&0u64.to_le_bytes());
     debug_assert_eq!(h.len(), HEADER_LEN);
@@ -366,14 +362,19 @@ fn write_snapshot(snap: &Snapshot, w: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-/// A cursor over the file's bytes; running out is corruption, never a panic.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+/// Reads the file's sections in order, checksumming as it goes: a load holds the tree it
+/// builds, never a copy of the file. Running out is corruption, never a panic.
+struct Reader<'a, R: Read> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    /// Bytes read so far.
+    pos: u64,
+    /// The file's size.
+    len: u64,
     path: &'a Path,
 }
 
-impl<'a> Cursor<'a> {
+impl<R: Read> Reader<'_, R> {
     fn corrupt(&self, reason: impl Into<String>) -> SnapshotError {
         SnapshotError::Corrupt {
             path: self.path.to_path_buf(),
@@ -381,28 +382,33 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or_else(|| self.corrupt(format!("truncated at byte {}", self.pos)))?;
-        let s = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(s)
+    fn read_err(&self, e: io::Error) -> SnapshotError {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            self.corrupt(format!("truncated at byte {}", self.pos))
+        } else {
+            SnapshotError::Io {
+                path: self.path.to_path_buf(),
+                source: e,
+            }
+        }
+    }
+
+    /// Fills `buf` with the next bytes.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        self.inner.read_exact(buf).map_err(|e| self.read_err(e))?;
+        self.crc.update(buf);
+        self.pos += buf.len() as u64;
+        Ok(())
     }
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
         let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
+        self.fill(&mut a)?;
         Ok(a)
     }
 
     fn u8(&mut self) -> Result<u8, SnapshotError> {
         Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, SnapshotError> {
-        Ok(u16::from_le_bytes(self.array()?))
     }
     fn u32(&mut self) -> Result<u32, SnapshotError> {
         Ok(u32::from_le_bytes(self.array()?))
@@ -419,35 +425,92 @@ impl<'a> Cursor<'a> {
     fn u128(&mut self) -> Result<u128, SnapshotError> {
         Ok(u128::from_le_bytes(self.array()?))
     }
+
+    /// The next `n` bytes, in a fallibly allocated vector (`n` is already bounded by the file's
+    /// size).
+    fn bytes(&mut self, n: usize, what: &str) -> Result<Vec<u8>, SnapshotError> {
+        let mut v = self.vec(n, what)?;
+        (&mut self.inner)
+            .take(n as u64)
+            .read_to_end(&mut v)
+            .map_err(|e| self.read_err(e))?;
+        if v.len() != n {
+            return Err(self.read_err(io::ErrorKind::UnexpectedEof.into()));
+        }
+        self.crc.update(&v);
+        self.pos += n as u64;
+        Ok(v)
+    }
+
+    /// A vector with room for `n` elements, or a corruption error (never an abort).
+    fn vec<T>(&self, n: usize, what: &str) -> Result<Vec<T>, SnapshotError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n)
+            .map_err(|_| self.corrupt(format!("{n} {what} do not fit in memory")))?;
+        Ok(v)
+    }
+
+    /// Whether the trailer matches the checksum of everything read.
+    fn trailer_matches(&mut self) -> Result<bool, SnapshotError> {
+        let mut t = [0u8; TRAILER_LEN];
+        self.inner
+            .read_exact(&mut t)
+            .map_err(|e| self.read_err(e))?;
+        Ok(self.crc.clone().finalize() == u32::from_le_bytes(t))
+    }
+
+    /// After an inconsistency: reads the rest of the file, so that damage (a checksum
+    /// mismatch) is reported as damage rather than as its first symptom.
+    fn diagnose(&mut self, reason: String) -> SnapshotError {
+        let rest = self.len.saturating_sub(self.pos + TRAILER_LEN as u64);
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = rest;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            if self.inner.read_exact(&mut buf[..n]).is_err() {
+                return self.corrupt(reason);
+            }
+            self.crc.update(&buf[..n]);
+            left -= n as u64;
+        }
+        match self.trailer_matches() {
+            Ok(false) => self.corrupt(format!(
+                "damaged or truncated (checksum mismatch; first inconsistency: {reason})"
+            )),
+            _ => self.corrupt(reason),
+        }
+    }
 }
 
-/// A vector with room for `n` elements, or a corruption error (never an abort).
-fn vec_with<T>(n: usize, c: &Cursor<'_>, what: &str) -> Result<Vec<T>, SnapshotError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| c.corrupt(format!("{n} {what} do not fit in memory")))?;
-    Ok(v)
-}
-
-/// Parses and validates a snapshot file's bytes.
+/// Parses and validates a snapshot file's contents.
 pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, SnapshotError> {
+    parse_from(bytes, bytes.len() as u64, path)
+}
+
+/// Parses and validates the `len` bytes of a snapshot file that `inner` yields.
+fn parse_from(inner: impl Read, len: u64, path: &Path) -> Result<Arc<Snapshot>, SnapshotError> {
     let started = Instant::now();
-    let c = &mut Cursor {
-        bytes,
+    let r = &mut Reader {
+        inner,
+        crc: crc32fast::Hasher::new(),
         pos: 0,
+        len,
         path,
     };
-    if bytes.len() < MAGIC.len() || bytes[..MAGIC.len()] != MAGIC {
-        return Err(SnapshotError::WrongFormat {
-            path: path.to_path_buf(),
-            reason: "not a stagefs index (written by `stagefs index`)".into(),
-        });
+    let not_index = || SnapshotError::WrongFormat {
+        path: path.to_path_buf(),
+        reason: "not a stagefs index (written by `stagefs index`)".into(),
+    };
+    if len < MAGIC.len() as u64 {
+        return Err(not_index());
     }
-    if bytes.len() < HEADER_LEN + TRAILER_LEN {
-        return Err(c.corrupt(format!("truncated: {} bytes", bytes.len())));
+    if r.array::<8>()? != MAGIC {
+        return Err(not_index());
     }
-    c.take(MAGIC.len())?;
-    let version = c.u32()?;
+    if len < (HEADER_LEN + TRAILER_LEN) as u64 {
+        return Err(r.corrupt(format!("truncated: {len} bytes")));
+    }
+    let version = r.u32()?;
     if version != VERSION {
         return Err(SnapshotError::WrongFormat {
             path: path.to_path_buf(),
@@ -457,32 +520,47 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
             ),
         });
     }
-    let body_end = bytes.len() - TRAILER_LEN;
-    let mut stored = [0u8; TRAILER_LEN];
-    stored.copy_from_slice(&bytes[body_end..]);
-    if crc32fast::hash(&bytes[..body_end]) != u32::from_le_bytes(stored) {
-        return Err(c.corrupt("checksum mismatch (damaged or truncated)"));
+    let inner = match parse_body(r) {
+        Ok(inner) => inner,
+        Err(SnapshotError::Corrupt { reason, .. }) => return Err(r.diagnose(reason)),
+        Err(e) => return Err(e),
+    };
+    if !r.trailer_matches()? {
+        return Err(r.corrupt("damaged (checksum mismatch)"));
     }
-    let header_len = c.u32()?;
-    let id = c.u128()?;
-    let created_secs = c.i64()?;
-    let created_nanos = c.u32()?;
-    let root_len = c.u32()?;
-    let n_nodes = c.u32()?;
-    let n_dirs = c.u32()?;
-    let names_len = c.u64()?;
-    let n_links = c.u32()?;
-    let n_devs = c.u32()?;
-    let link_bytes = c.u64()?;
-    let n_owners = c.u32()?;
-    let n_errors = c.u32()?;
-    let errors_total = c.u64()?;
-    let error_bytes = c.u64()?;
-    let _listing_requests = c.u64()?;
-    let elapsed_ns = c.u64()?;
-    let reserved = c.u64()?;
+    tracing::debug!(
+        "loaded {} entries from {} in {:?}",
+        inner.read().nodes.len(),
+        path.display(),
+        started.elapsed()
+    );
+    Ok(Arc::new(Snapshot {
+        inner: Arc::new(inner),
+    }))
+}
+
+/// Everything after the magic and version, up to the trailer.
+fn parse_body<R: Read>(r: &mut Reader<'_, R>) -> Result<Inner, SnapshotError> {
+    let header_len = r.u32()?;
+    let id = r.u128()?;
+    let created_secs = r.i64()?;
+    let created_nanos = r.u32()?;
+    let root_len = r.u32()?;
+    let n_nodes = r.u32()?;
+    let n_dirs = r.u32()?;
+    let names_len = r.u64()?;
+    let n_links = r.u32()?;
+    let n_devs = r.u32()?;
+    let link_bytes = r.u64()?;
+    let n_owners = r.u32()?;
+    let n_errors = r.u32()?;
+    let errors_total = r.u64()?;
+    let error_bytes = r.u64()?;
+    let loaded_requests = r.u64()?;
+    let elapsed_ns = r.u64()?;
+    let reserved = r.u64()?;
     if header_len as usize != HEADER_LEN || reserved != 0 {
-        return Err(c.corrupt("unknown header layout"));
+        return Err(r.corrupt("unknown header layout"));
     }
     // The sections must add up to the file's exact size: every count is bounded by the bytes
     // actually there before anything is allocated from it.
@@ -502,70 +580,82 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
     ]
     .iter()
     .try_fold(0u64, |a, &b| a.checked_add(b));
-    if expected != Some(bytes.len() as u64) {
-        return Err(c.corrupt(format!(
+    if expected != Some(r.len) {
+        return Err(r.corrupt(format!(
             "section lengths do not add up to the file's size ({} bytes)",
-            bytes.len()
+            r.len
         )));
     }
     if n_nodes == 0 || n_nodes as usize > MAX_NODES {
-        return Err(c.corrupt(format!("{n_nodes} entries")));
+        return Err(r.corrupt(format!("{n_nodes} entries")));
     }
     if names_len > u64::from(u32::MAX) || link_bytes > u64::from(u32::MAX) {
-        return Err(c.corrupt("names or link targets longer than 4 GiB"));
+        return Err(r.corrupt("names or link targets longer than 4 GiB"));
     }
     if created_secs < 0 || created_nanos >= 1_000_000_000 || errors_total < u64::from(n_errors) {
-        return Err(c.corrupt("invalid header values"));
+        return Err(r.corrupt("invalid header values"));
     }
     let created = UNIX_EPOCH + Duration::new(created_secs as u64, created_nanos);
 
-    let root_bytes = c.take(root_len as usize)?;
+    let root_bytes = r.bytes(root_len as usize, "root path bytes")?;
     if root_bytes.first() != Some(&b'/') || root_bytes.contains(&0) {
-        return Err(c.corrupt("the recorded source root is not an absolute path"));
+        return Err(r.corrupt("the recorded source root is not an absolute path"));
     }
-    let root = PathBuf::from(OsStr::from_bytes(root_bytes));
+    let root = PathBuf::from(std::ffi::OsString::from_vec(root_bytes));
 
     let mut tree = Tree::empty();
-    tree.owners = vec_with(n_owners as usize, c, "owners")?;
+    tree.owners = r.vec(n_owners as usize, "owners")?;
     for _ in 0..n_owners {
-        let uid = c.u32()?;
-        let gid = c.u32()?;
+        let uid = r.u32()?;
+        let gid = r.u32()?;
         tree.owners.push((uid, gid));
     }
     tree.index_owners();
 
     let n = n_nodes as usize;
-    let mut nodes: Vec<Node> = vec_with(n, c, "entries")?;
-    let mut dir_nodes: Vec<NodeId> = vec_with(n_dirs as usize, c, "directories")?;
+    let mut nodes: Vec<Node> = r.vec(n, "entries")?;
+    let mut dir_nodes: Vec<NodeId> = r.vec(n_dirs as usize, "directories")?;
     let (mut links, mut devs) = (0u32, 0u32);
     let mut name_off = 0u64;
+    // Records are read (and checksummed) a batch at a time: per-record calls cost more than
+    // the decoding.
+    let mut batch = vec![0u8; NODE_BATCH * NODE_LEN as usize];
     for i in 0..n {
-        let kind = c.u8()?;
-        let kind = FileKind::from_u8(kind)
-            .ok_or_else(|| c.corrupt(format!("entry {i}: invalid type {kind}")))?;
-        let flags = c.u8()?;
-        let perm = c.u16()?;
-        let name_len = c.u16()?;
-        let owner = c.u32()?;
+        let in_batch = i % NODE_BATCH;
+        if in_batch == 0 {
+            let k = (n - i).min(NODE_BATCH) * NODE_LEN as usize;
+            r.fill(&mut batch[..k])?;
+        }
+        let rec = &batch[in_batch * NODE_LEN as usize..][..NODE_LEN as usize];
+        let le16 = |o: usize| u16::from_le_bytes([rec[o], rec[o + 1]]);
+        let le32 = |o: usize| u32::from_le_bytes([rec[o], rec[o + 1], rec[o + 2], rec[o + 3]]);
+        let le64 = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&rec[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let kind = FileKind::from_u8(rec[0])
+            .ok_or_else(|| r.corrupt(format!("entry {i}: invalid type {}", rec[0])))?;
+        let (flags, perm, name_len, owner) = (rec[1], le16(2), le16(4), le32(6));
         let f = Fields {
             kind,
             perm,
             owner,
-            nlink: c.u32()?,
-            size: c.u64()?,
-            mtime_ns: c.i64()?,
-            ino: c.u64()?,
+            nlink: le32(10),
+            size: le64(14),
+            mtime_ns: le64(22) as i64,
+            ino: le64(30),
         };
         if flags != 0 || perm > 0o7777 || owner >= n_owners {
-            return Err(c.corrupt(format!("entry {i}: invalid flags, mode or owner")));
+            return Err(r.corrupt(format!("entry {i}: invalid flags, mode or owner")));
         }
         if (i == 0) != (name_len == 0) || (i == 0 && kind != FileKind::Dir) {
-            return Err(c.corrupt(format!("entry {i}: invalid name length or root type")));
+            return Err(r.corrupt(format!("entry {i}: invalid name length or root type")));
         }
         let aux = match kind {
             FileKind::Dir => {
                 if dir_nodes.len() == n_dirs as usize {
-                    return Err(c.corrupt("more directories than the header says"));
+                    return Err(r.corrupt("more directories than the header says"));
                 }
                 dir_nodes.push(i as NodeId);
                 dir_nodes.len() as u32 - 1
@@ -580,53 +670,56 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
             }
             _ => NO_AUX,
         };
-        // Bounded by `names_len` (checked below), itself at most `u32::MAX`.
+        // Offsets past `names_len` are refused right after the loop, before any name is read.
         nodes.push(Node::from_fields(&f, name_off as u32, name_len, aux));
         name_off += u64::from(name_len);
     }
     if name_off != names_len {
-        return Err(c.corrupt("name lengths do not add up to the names section"));
+        return Err(r.corrupt("name lengths do not add up to the names section"));
     }
     if dir_nodes.len() != n_dirs as usize || links != n_links || devs != n_devs {
-        return Err(c.corrupt("entry types do not match the header's counts"));
+        return Err(r.corrupt("entry types do not match the header's counts"));
     }
-    tree.names = vec_with(names_len as usize, c, "name bytes")?;
-    tree.names.extend_from_slice(c.take(names_len as usize)?);
+    tree.names = r.bytes(names_len as usize, "name bytes")?;
     tree.nodes = nodes;
+    // No name may hold `/` or NUL: one scan of the whole arena; then only `.` and `..` remain
+    // to refuse (every name but the root's is non-empty, checked above).
+    let clean_arena = !tree.names.contains(&b'/') && !tree.names.contains(&0);
     for id in 1..n as NodeId {
-        if !valid_name(tree.name(id)) {
-            return Err(c.corrupt(format!(
+        let name = tree.name(id);
+        if (!clean_arena || name.len() <= 2) && !valid_name(name) {
+            return Err(r.corrupt(format!(
                 "entry {id}: invalid name {:?}",
-                OsStr::from_bytes(tree.name(id))
+                OsStr::from_bytes(name)
             )));
         }
     }
 
-    tree.dirs = vec_with(n_dirs as usize, c, "directories")?;
+    tree.dirs = r.vec(n_dirs as usize, "directories")?;
     let mut next_child = 1u64;
     for &d in &dir_nodes {
-        let count = c.u32()?;
-        let state = c.u8()?;
-        let errno = c.i32()?;
+        let count = r.u32()?;
+        let state = r.u8()?;
+        let errno = r.i32()?;
         let state = match state {
             DIR_LISTED => DirState::Ready,
             DIR_FAILED => DirState::Failed,
             DIR_UNLISTED => DirState::Lazy,
-            s => return Err(c.corrupt(format!("directory {d}: invalid state {s}"))),
+            s => return Err(r.corrupt(format!("directory {d}: invalid state {s}"))),
         };
         if state != DirState::Ready && count != 0 {
-            return Err(c.corrupt(format!("directory {d}: entries in an unlisted directory")));
+            return Err(r.corrupt(format!("directory {d}: entries in an unlisted directory")));
         }
         let first = next_child;
         let end = first + u64::from(count);
         // Children after their directory and inside the tree: acyclic, one parent each.
         if count > 0 && (first <= u64::from(d) || end > n as u64) {
-            return Err(c.corrupt(format!("directory {d}: entries out of order or range")));
+            return Err(r.corrupt(format!("directory {d}: entries out of order or range")));
         }
         for k in first..end {
             tree.nodes[k as usize].parent = d;
             if k > first && tree.name(k as NodeId - 1) >= tree.name(k as NodeId) {
-                return Err(c.corrupt(format!("directory {d}: names not sorted and unique")));
+                return Err(r.corrupt(format!("directory {d}: names not sorted and unique")));
             }
         }
         next_child = end;
@@ -642,60 +735,61 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
         }
     }
     if next_child != n as u64 {
-        return Err(c.corrupt("entries that belong to no directory"));
+        return Err(r.corrupt("entries that belong to no directory"));
     }
 
-    tree.links = vec_with(n_links as usize, c, "symlinks")?;
+    tree.links = r.vec(n_links as usize, "symlinks")?;
     let mut off = 0u64;
     for _ in 0..n_links {
-        let len = c.u32()?;
+        let len = r.u32()?;
         tree.links.push((off as u32, len));
         off += u64::from(len);
         if off > link_bytes {
-            return Err(c.corrupt("link target lengths exceed their section"));
+            return Err(r.corrupt("link target lengths exceed their section"));
         }
     }
     if off != link_bytes {
-        return Err(c.corrupt("link target lengths do not add up to their section"));
+        return Err(r.corrupt("link target lengths do not add up to their section"));
     }
-    tree.link_bytes = vec_with(link_bytes as usize, c, "link target bytes")?;
-    tree.link_bytes
-        .extend_from_slice(c.take(link_bytes as usize)?);
+    tree.link_bytes = r.bytes(link_bytes as usize, "link target bytes")?;
     for &(off, len) in &tree.links {
         let target = &tree.link_bytes[off as usize..(off + len) as usize];
         if target.is_empty() || target.contains(&0) {
-            return Err(c.corrupt("an empty symlink target or one with a NUL byte"));
+            return Err(r.corrupt("an empty symlink target or one with a NUL byte"));
         }
     }
-    tree.devs = vec_with(n_devs as usize, c, "devices")?;
+    tree.devs = r.vec(n_devs as usize, "devices")?;
     for _ in 0..n_devs {
-        let rdev = c.u64()?;
+        let rdev = r.u64()?;
         tree.devs.push(rdev);
     }
 
-    let mut lens = vec_with(n_errors as usize, c, "errors")?;
+    let mut lens: Vec<usize> = r.vec(n_errors as usize, "errors")?;
+    let mut sum = 0u64;
     for _ in 0..n_errors {
-        lens.push(c.u32()? as usize);
+        let len = r.u32()?;
+        sum += u64::from(len);
+        if sum > error_bytes {
+            return Err(r.corrupt("error lengths exceed their section"));
+        }
+        lens.push(len as usize);
+    }
+    if sum != error_bytes {
+        return Err(r.corrupt("error lengths do not add up to their section"));
     }
     for len in lens {
-        let text = String::from_utf8_lossy(c.take(len)?).into_owned();
-        tree.record_error(text);
+        let text = r.bytes(len, "error bytes")?;
+        tree.record_error(String::from_utf8_lossy(&text).into_owned());
     }
     // Errors beyond the first `MAX_ERRORS` were counted, not kept.
     tree.errors_total = errors_total.max(tree.errors.len() as u64);
     tree.errors.truncate(MAX_ERRORS);
-    if c.pos != body_end {
-        return Err(c.corrupt("unexpected bytes after the sections"));
+    if r.pos + TRAILER_LEN as u64 != r.len {
+        return Err(r.corrupt("unexpected bytes after the sections"));
     }
     tree.entries = n as u64;
-    tracing::debug!(
-        "loaded {} entries from {} in {:?}",
-        n,
-        path.display(),
-        started.elapsed()
-    );
 
-    let inner = Arc::new(Inner {
+    Ok(Inner {
         tree: RwLock::new(tree),
         queue: Mutex::new(Queue::default()),
         work: Condvar::new(),
@@ -706,8 +800,8 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
         root,
         created,
         started: Instant::now(),
-        // Requests this snapshot made (the file's count is the listing's, kept for diagnosis).
         requests: 0.into(),
+        loaded_requests,
         unfinished: 0.into(),
         workers: 0.into(),
         complete: true.into(),
@@ -715,6 +809,5 @@ pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<Arc<Snapshot>, Snapshot
         cancel: false.into(),
         elapsed_ns: elapsed_ns.into(),
         relist: Mutex::new(()),
-    });
-    Ok(Arc::new(Snapshot { inner }))
+    })
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use stagefs_prefetch::source::{lock, FileKind};
 use stagefs_prefetch::SourceError;
 
-use super::error::source_errno;
+use crate::error::source_errno;
 use super::scan::clean;
 use super::tree::DirState;
 use super::{Inner, NodeAttr, NodeId, SnapshotError};
@@ -36,12 +36,12 @@ impl Inner {
         let now = self.now_ds();
         let (path, old, dir_state) = {
             let t = self.read();
-            let n = t.node(id).ok_or(SnapshotError::NoNode(id))?;
+            t.node(id).ok_or(SnapshotError::NoNode(id))?;
             let Some(old) = t.attr(id) else {
                 return Err(SourceError::Gone { path: t.path(id) }.into());
             };
             let checked = t.checked.get(id as usize).copied().unwrap_or(0);
-            if n.flags == 0 && now.saturating_sub(checked) < max_age_ds {
+            if now.saturating_sub(checked) < max_age_ds {
                 return Ok(old);
             }
             let state = t.dir_index(id).map(|d| t.dirs[d as usize].state);

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use stagefs_prefetch::source::{lock, DirName, FileKind, Meta, Source};
 use stagefs_prefetch::SourceError;
 
-use super::error::source_errno;
+use crate::error::source_errno;
 use super::tree::{valid_name, DirState, Progress, Tree, PENDING};
 use super::{Inner, Job, NodeId, Queue, ScanOptions, Snapshot, SnapshotError};
 
@@ -43,6 +43,9 @@ pub(crate) const MAX_CHUNK: usize = 128;
 /// Fewest entries per job (unless the directory has fewer): below 8, the two lock round trips
 /// per job start to matter on a fast local source.
 const MIN_CHUNK: usize = 8;
+/// Most listing threads: far beyond what any metadata server rewards, and a typo of
+/// `--threads 100000` must not spawn 100,000 threads.
+pub(crate) const MAX_THREADS: usize = 1024;
 /// Stack of a listing thread: the jobs keep their data on the heap.
 const STACK: usize = 256 << 10;
 
@@ -70,7 +73,7 @@ pub(crate) fn start(
         path: root.to_path_buf(),
         source,
     })?;
-    let threads = opts.threads.max(1);
+    let threads = opts.threads.clamp(1, MAX_THREADS);
     let inner = Arc::new(Inner {
         tree: RwLock::new(Tree::with_root(&meta, DirState::Queued)),
         queue: Mutex::new(Queue::default()),
@@ -83,6 +86,7 @@ pub(crate) fn start(
         created: SystemTime::now(),
         started: Instant::now(),
         requests: 1.into(),
+        loaded_requests: 0,
         unfinished: 1.into(),
         workers: threads.into(),
         complete: false.into(),
@@ -236,7 +240,7 @@ impl Inner {
             return true;
         }
         let chunk_len = (count as usize)
-            .div_ceil(self.opts.threads.max(1))
+            .div_ceil(self.opts.threads.clamp(1, MAX_THREADS))
             .clamp(MIN_CHUNK, MAX_CHUNK) as u32;
         let chunks = count.div_ceil(chunk_len);
         t.progress.insert(
@@ -288,7 +292,14 @@ impl Inner {
                 .collect();
             (lo..hi, paths, inline)
         };
-        let results: Vec<Statted> = paths.iter().map(|p| self.stat_one(&**source, p)).collect();
+        let mut results: Vec<Statted> = Vec::with_capacity(paths.len());
+        for p in &paths {
+            // A dropped snapshot stops within one request, not one chunk.
+            if self.cancel.load(Ordering::Relaxed) {
+                return true;
+            }
+            results.push(self.stat_one(&**source, p));
+        }
         let state = if inline {
             DirState::Lazy
         } else {

@@ -599,7 +599,8 @@ pub(crate) fn valid_name(name: &[u8]) -> bool {
         && name.len() <= u16::MAX as usize
         && name != b"."
         && name != b".."
-        && !name.iter().any(|&b| b == b'/' || b == 0)
+        && !name.contains(&b'/')
+        && !name.contains(&0)
 }
 
 #[cfg(test)]
