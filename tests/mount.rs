@@ -24,6 +24,9 @@ fn fresh() -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn mounted_tree_matches_source_cold_and_warm() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let non_empty = files
@@ -47,6 +50,9 @@ fn mounted_tree_matches_source_cold_and_warm() {
 
 #[test]
 fn concurrent_random_reads_equal_the_source() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let m = Mount::new(
@@ -94,6 +100,9 @@ fn concurrent_random_reads_equal_the_source() {
 
 #[test]
 fn writes_fail_with_erofs() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -128,6 +137,9 @@ fn writes_fail_with_erofs() {
 
 #[test]
 fn symlinks_are_shown_not_followed() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -148,6 +160,9 @@ fn symlinks_are_shown_not_followed() {
 
 #[test]
 fn source_changed_while_mounted_is_never_served_stale_or_mixed() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let size = 4 << 20;
     fs::write(src.join("f"), pattern(1, size)).unwrap();
@@ -185,6 +200,9 @@ fn source_changed_while_mounted_is_never_served_stale_or_mixed() {
 
 #[test]
 fn corrupted_cache_block_is_detected_and_refetched() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let data = pattern(3, 3 << 20);
     fs::write(src.join("f"), &data).unwrap();
@@ -218,6 +236,9 @@ fn corrupted_cache_block_is_detected_and_refetched() {
 
 #[test]
 fn full_scratch_still_serves_every_read() {
+    if common::skip_without_fuse() {
+        return;
+    }
     if !is_root() {
         eprintln!("skipped: needs root to mount a small tmpfs");
         return;
@@ -259,6 +280,9 @@ fn full_scratch_still_serves_every_read() {
 
 #[test]
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -297,6 +321,9 @@ fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache(
 
 #[test]
 fn stats_file_and_stat_command_report_the_mount() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -322,6 +349,9 @@ fn stats_file_and_stat_command_report_the_mount() {
 
 #[test]
 fn mount_errors_are_clear() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -344,6 +374,9 @@ fn mount_errors_are_clear() {
 
 #[test]
 fn unprivileged_user_mounts_through_fusermount3() {
+    if common::skip_without_fuse() {
+        return;
+    }
     if !is_root() {
         eprintln!("skipped: the test switches to an unprivileged user");
         return;
@@ -424,6 +457,9 @@ fn unprivileged_user_mounts_through_fusermount3() {
 /// small files under passthrough deadlocked the mount.
 #[test]
 fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     for i in 0..200 {
         fs::write(src.join(format!("f{i:03}")), pattern(i, 5000 + i as usize)).unwrap();
