@@ -18,7 +18,10 @@
 //!
 //! Reads are positioned reads (`pread`) rather than a memory map: a map turns an I/O error or a
 //! file truncated under us into SIGBUS, which would kill the training program instead of raising
-//! an error that names the file; `bench/loader_bench.py` and the README give the measurements.
+//! an error that names the file. For rows of images (150 KB) a `pread` per row costs the same CPU
+//! as a copy out of a map; for rows of a few bytes it costs a system call each, so small-row
+//! sources read in a scattered order are held in memory ([`SMALL_ROW`], [`RESIDENT_BYTES`]).
+//! The measurements are in the README (`gpu/examples/read_methods.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +42,42 @@ use crate::streamer::MAX_BATCH_BYTES;
 /// Each source's part of a slot starts at a multiple of this many bytes: DLPack asks for
 /// 256-byte aligned tensors, and it covers every element type.
 pub const PART_ALIGN: u64 = 256;
+
+/// Rows smaller than this are not read one `pread` each when the order scatters them (shuffled,
+/// or strided across ranks): a system call per 8-byte label costs 34× the CPU of a copy from
+/// memory (1 M shuffled int64 rows: 0.65 s vs 0.02 s, `gpu/examples/read_methods.rs`). Such
+/// sources are read whole, once, into memory instead (up to [`RESIDENT_BYTES`] in all).
+pub const SMALL_ROW: u64 = 4096;
+
+/// At most this many bytes of small-row sources are kept in memory (labels, table columns and
+/// feature matrices of up to millions of rows); beyond it they are read row by row.
+pub const RESIDENT_BYTES: u64 = 256 << 20;
+
+/// Reads whole, once, the small-row sources that a scattered order would read row by row.
+fn read_resident(sources: &[Source], scattered: bool) -> Result<Vec<Option<Vec<u8>>>, StreamError> {
+    let mut budget = RESIDENT_BYTES;
+    sources
+        .iter()
+        .map(|s| {
+            let bytes = s.data_bytes();
+            if !scattered || s.row_bytes >= SMALL_ROW || bytes > budget {
+                return Ok(None);
+            }
+            budget -= bytes;
+            // Fits in usize: at most RESIDENT_BYTES.
+            let mut data = Vec::new();
+            data.try_reserve_exact(bytes as usize).map_err(|e| {
+                StreamError::Config(format!(
+                    "{}: cannot hold {bytes} bytes: {e}",
+                    s.path.display()
+                ))
+            })?;
+            data.resize(bytes as usize, 0);
+            s.read_rows(&mut data, 0)?;
+            Ok(Some(data))
+        })
+        .collect()
+}
 
 /// How a [`Loader`] cuts and orders the rows.
 #[derive(Clone, Debug)]
@@ -138,6 +177,8 @@ struct Ring<D: Device> {
     sources: Vec<Source>,
     /// Offset of each source's part in a slot.
     offsets: Vec<usize>,
+    /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
+    resident: Vec<Option<Vec<u8>>>,
     slots: Vec<Slot<D>>,
     free_tx: Sender<usize>,
     free_rx: Receiver<usize>,
@@ -256,11 +297,13 @@ impl<D: Device> Loader<D> {
             let _ = free_tx.send(slot);
         }
         let readers = config.readers.clamp(1, config.ring);
+        let resident = read_resident(&sources, config.shuffle || config.world_size > 1)?;
         Ok(Loader {
             ring: Arc::new(Ring {
                 device,
                 sources,
                 offsets,
+                resident,
                 slots,
                 free_tx,
                 free_rx,
@@ -658,7 +701,8 @@ fn fill<D: Device>(
     let buf = host.as_mut();
     let mut used = 0;
     let read = Instant::now();
-    for (source, &offset) in ring.sources.iter().zip(&ring.offsets) {
+    for ((source, &offset), resident) in ring.sources.iter().zip(&ring.offsets).zip(&ring.resident)
+    {
         // Fits: the slot was sized for a full batch of every source.
         let row_bytes = source.row_bytes as usize;
         let mut k = 0;
@@ -670,7 +714,11 @@ fn fill<D: Device>(
                 n += 1;
             }
             let dst = &mut buf[offset + k * row_bytes..offset + (k + n) * row_bytes];
-            if let Err(e) = source.read_rows(dst, first) {
+            if let Some(data) = &resident {
+                // Inside: `first + n` rows of the source fit in its data.
+                let start = first as usize * row_bytes;
+                dst.copy_from_slice(&data[start..start + n * row_bytes]);
+            } else if let Err(e) = source.read_rows(dst, first) {
                 add_since(&ring.counters.storage_ns, read);
                 return Err(e);
             }

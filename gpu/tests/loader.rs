@@ -65,8 +65,8 @@ fn check_epoch<D: Device>(
 #[test]
 fn host_device_batches_hold_every_row_of_every_source_aligned() {
     let dir = tempfile::tempdir().unwrap();
-    let a = write_rows(dir.path(), "a.npy", 97, 300);
-    let b = write_rows(dir.path(), "b.npy", 97, 8);
+    let a = write_rows(dir.path(), "a.npy", 97, 5000); // read row by row
+    let b = write_rows(dir.path(), "b.npy", 97, 8); // held in memory
     let device = Arc::new(HostDevice::with_copy_delay(Duration::from_millis(1)).unwrap());
     let sources = vec![Source::npy(&a).unwrap(), Source::npy(&b).unwrap()];
     let loader = Loader::new(device, sources, config(10, 3, true)).unwrap();
@@ -86,7 +86,7 @@ fn host_device_batches_hold_every_row_of_every_source_aligned() {
     }
     let s = loader.stats();
     assert_eq!(s.batches, 30);
-    assert_eq!(s.bytes, 3 * 97 * 308);
+    assert_eq!(s.bytes, 3 * 97 * 5008);
 }
 
 #[test]

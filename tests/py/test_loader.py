@@ -41,7 +41,7 @@ def files(tmp_path):
     rng = np.random.default_rng(0)
     n = 103
     arrays = {
-        "images.npy": rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8),
+        "images.npy": rng.integers(0, 256, size=(n, 40, 40, 3), dtype=np.uint8),  # rows read one by one
         "labels.npy": rng.integers(0, 10, size=n).astype(np.int64),
         "features.npy": rng.standard_normal((n, 5)).astype(np.float32),
         "f64.npy": rng.standard_normal(n),
@@ -279,7 +279,7 @@ def test_no_use_after_free_under_a_debug_allocator_with_a_tiny_ring(files):
 def test_a_torch_training_step_runs_on_the_batches(files, device):
     d, arrays = files
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 3, 10)).to(device)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(40 * 40 * 3, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     before = [p.detach().clone() for p in model.parameters()]
     ld = stagefs.Loader([str(d / "images.npy"), str(d / "labels.npy")], 16, shuffle=True, device=device)
@@ -321,4 +321,4 @@ def test_stats_report_who_waited(files):
     for key in ["bytes", "batches", "seconds", "gb_per_s", "device_wait_share", "storage_share", "ring_full_share", "verdict"]:
         assert key in s, key
     assert s["batches"] == len(ld)
-    assert s["bytes"] == 103 * (8 * 8 * 3 + 8)
+    assert s["bytes"] == 103 * (40 * 40 * 3 + 8)
