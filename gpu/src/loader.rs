@@ -202,9 +202,15 @@ impl<D: Device> Ring<D> {
 
 impl<D: Device> Drop for Ring<D> {
     fn drop(&mut self) {
-        // Copies may still be in flight into buffers that are about to be freed.
+        // Copies may still be in flight into buffers that are about to be freed, and a
+        // consumer's work on its own stream may still read them (its release recorded there).
         if let Err(e) = self.device.synchronize() {
             tracing::warn!("device synchronize at loader end failed: {e}");
+        }
+        for slot in &self.slots {
+            if let Err(e) = self.device.event_synchronize(&slot.consumed) {
+                tracing::warn!("waiting for the consumer at loader end failed: {e}");
+            }
         }
     }
 }

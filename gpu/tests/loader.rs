@@ -125,7 +125,12 @@ fn slots_come_back_after_an_early_stop_and_batches_outlive_the_loader() {
     let (tx, rx) = std::sync::mpsc::channel();
     let l = loader.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(l.epoch(0).unwrap().map(|b| b.map(|_| ())).count());
+        let mut batches = 0;
+        for batch in l.epoch(0).unwrap() {
+            drop(batch.unwrap());
+            batches += 1;
+        }
+        let _ = tx.send(batches);
     });
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(30)),
