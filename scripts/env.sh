@@ -58,7 +58,9 @@ env_venv() {  # requirement files under tests/ to install: requirements.txt [req
     if ! cmp -s "$STAGEFS_ROOT/tests/$file" "$stamp"; then
       env_say "installing tests/$file into $VENV"
       local start=$SECONDS
-      "$VENV_PY" -m pip install -q --disable-pip-version-check -r "$STAGEFS_ROOT/tests/$file"
+      # --no-compile: byte-compiling torch's thousands of modules at install is minutes of CPU
+      # that an import does lazily anyway.
+      "$VENV_PY" -m pip install -q --disable-pip-version-check --no-compile -r "$STAGEFS_ROOT/tests/$file"
       cp "$STAGEFS_ROOT/tests/$file" "$stamp"
       echo "   took $((SECONDS - start)) s; $(du -sh "$VENV" | cut -f1) in $VENV now"
     fi
