@@ -74,7 +74,7 @@ env_python_package() {
   # Later cargo builds see pyo3's configuration exactly as maturin gave it, so a plain
   # `cargo build --workspace` does not rebuild pyo3 (and the next maturin run not again).
   local config
-  config=$(ls "${CARGO_TARGET_DIR:-$STAGEFS_ROOT/target}"/maturin/pyo3-config-*.txt 2>/dev/null | head -1)
+  config=$(ls "${CARGO_TARGET_DIR:-$STAGEFS_ROOT/target}"/maturin/pyo3-config-*.txt 2>/dev/null | head -1 || true)
   [[ -n "$config" ]] && export PYO3_CONFIG_FILE=$config PYO3_BUILD_EXTENSION_MODULE=1
   return 0
 }
