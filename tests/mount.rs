@@ -24,6 +24,9 @@ fn fresh() -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn mounted_tree_matches_source_cold_and_warm() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let non_empty = files
@@ -67,6 +70,9 @@ fn mounted_tree_matches_source_cold_and_warm() {
 
 #[test]
 fn concurrent_random_reads_equal_the_source() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let m = Mount::new(
@@ -114,6 +120,9 @@ fn concurrent_random_reads_equal_the_source() {
 
 #[test]
 fn writes_fail_with_erofs() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -148,6 +157,9 @@ fn writes_fail_with_erofs() {
 
 #[test]
 fn symlinks_are_shown_not_followed() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -168,6 +180,9 @@ fn symlinks_are_shown_not_followed() {
 
 #[test]
 fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     // Larger than the small files that cross-file prefetch caches whole.
     let size = 6 << 20;
@@ -207,6 +222,9 @@ fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
 
 #[test]
 fn revalidate_shows_changes_made_while_mounted() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     fs::write(src.join("f"), pattern(1, 100_000)).unwrap();
     let m = Mount::new(
@@ -225,6 +243,9 @@ fn revalidate_shows_changes_made_while_mounted() {
 
 #[test]
 fn corrupted_cache_block_is_detected_and_refetched() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let data = pattern(3, 3 << 20);
     fs::write(src.join("f"), &data).unwrap();
@@ -254,6 +275,9 @@ fn corrupted_cache_block_is_detected_and_refetched() {
 
 #[test]
 fn full_scratch_still_serves_every_read() {
+    if common::skip_without_fuse() {
+        return;
+    }
     if !is_root() {
         eprintln!("skipped: needs root to mount a small tmpfs");
         return;
@@ -295,6 +319,9 @@ fn full_scratch_still_serves_every_read() {
 
 #[test]
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -335,6 +362,9 @@ fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache(
 
 #[test]
 fn stats_file_and_stat_command_report_the_mount() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -360,6 +390,9 @@ fn stats_file_and_stat_command_report_the_mount() {
 
 #[test]
 fn mount_errors_are_clear() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -382,6 +415,9 @@ fn mount_errors_are_clear() {
 
 #[test]
 fn unprivileged_user_mounts_through_fusermount3() {
+    if common::skip_without_fuse() {
+        return;
+    }
     if !is_root() {
         eprintln!("skipped: the test switches to an unprivileged user");
         return;
@@ -462,6 +498,9 @@ fn unprivileged_user_mounts_through_fusermount3() {
 /// small files under passthrough deadlocked the mount.
 #[test]
 fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
+    if common::skip_without_fuse() {
+        return;
+    }
     let (tmp, src) = fresh();
     for i in 0..200 {
         fs::write(src.join(format!("f{i:03}")), pattern(i, 5000 + i as usize)).unwrap();

@@ -47,7 +47,8 @@ pub fn skip_without_fuse() -> bool {
         .name()
         .unwrap_or("a test")
         .to_string();
-    let _ = writeln!(std::io::stderr(), "skipped: needs FUSE: {test}: {why}");
+    // On a line of its own, also when the harness has just printed "test NAME ... ".
+    let _ = writeln!(std::io::stderr(), "\nskipped: needs FUSE: {test}: {why}");
     true
 }
 
