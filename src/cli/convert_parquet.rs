@@ -115,6 +115,7 @@ fn run_inner(args: &Args) -> anyhow::Result<i32> {
         },
         memory_budget: args.memory_budget,
         threads: args.jobs.unwrap_or(0),
+        scratch: None,
     };
     let progress = Progress::default();
     let show = !args.quiet && std::io::stderr().is_terminal();
