@@ -245,22 +245,37 @@ pub fn open_input(path: &Path, max_record: u64) -> Result<Input, CleanError> {
     })
 }
 
-/// Column names made unique as pandas' `read_csv` does: a repeated `a` becomes `a.1`, `a.2`,
-/// ..., skipping any name already taken (`a,a.1,a` → `a, a.1, a.2`). Parquet output cannot
-/// hold two columns of one name (pyarrow refuses such a file), so duplicates are renamed
-/// rather than refused: the output has the columns pandas would show.
+/// Column names as pandas' `read_csv` gives them: an empty name becomes `Unnamed: <i>`, and
+/// a repeated name `a` becomes `a.1`, `a.2`, ..., skipping any name present in the header
+/// (`a,a,a.1` → `a, a.2, a.1`; named columns are renamed before unnamed ones), exactly as
+/// pandas' `mangle_dupe_names` does. Parquet output cannot hold two columns of one name
+/// (pyarrow refuses such a file), so duplicates are renamed rather than refused: the output
+/// has the columns pandas would show.
 pub fn dedup_names(names: &mut [String]) {
+    let unnamed: Vec<usize> = (0..names.len()).filter(|&i| names[i].is_empty()).collect();
+    for &i in &unnamed {
+        names[i] = format!("Unnamed: {i}");
+    }
+    let order: Vec<usize> = (0..names.len())
+        .filter(|i| !unnamed.contains(i))
+        .chain(unnamed.iter().copied())
+        .collect();
     let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-    for name in names.iter_mut() {
-        let mut col = name.clone();
+    for i in order {
+        let old = names[i].clone();
+        let mut col = old.clone();
         let mut cur = counts.get(&col).copied().unwrap_or(0);
         while cur > 0 {
-            counts.insert(col.clone(), cur + 1);
-            col = format!("{name}.{cur}");
-            cur = counts.get(&col).copied().unwrap_or(0);
+            counts.insert(old.clone(), cur + 1);
+            col = format!("{old}.{cur}");
+            if names.contains(&col) {
+                cur += 1;
+            } else {
+                cur = counts.get(&col).copied().unwrap_or(0);
+            }
         }
         counts.insert(col.clone(), cur + 1);
-        *name = col;
+        names[i] = col;
     }
 }
 
@@ -903,6 +918,23 @@ pub fn decode_parquet(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duplicate_names_are_mangled_as_pandas_read_csv_does() {
+        // Expected lists are pandas 3.1's read_csv column names for these headers.
+        let cases: [(&[&str], &[&str]); 5] = [
+            (&["a", "a", "b"], &["a", "a.1", "b"]),
+            (&["a", "a.1", "a"], &["a", "a.1", "a.2"]),
+            (&["a", "a", "a.1"], &["a", "a.2", "a.1"]),
+            (&["a", "a", "a", "a.1"], &["a", "a.2", "a.3", "a.1"]),
+            (&["", "x", ""], &["Unnamed: 0", "x", "Unnamed: 2"]),
+        ];
+        for (input, want) in cases {
+            let mut names: Vec<String> = input.iter().map(|s| s.to_string()).collect();
+            dedup_names(&mut names);
+            assert_eq!(names, want, "{input:?}");
+        }
+    }
 
     #[test]
     fn boundary_skips_quoted_newlines() {
