@@ -22,6 +22,7 @@
 //! record may be at most 1/8 of the budget ([`RECORD_SHARE`]): a longer one (usually a stray
 //! quote) fails the run, naming file and line, instead of growing a buffer without limit.
 
+pub mod csv_decode;
 pub mod plan;
 pub mod read;
 pub mod shard;

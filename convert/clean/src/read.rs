@@ -735,6 +735,14 @@ pub fn decode_csv(
     header: bool,
     bad_rows: BadRows,
 ) -> Result<Decoded, CleanError> {
+    if let Some(batches) = super::csv_decode::decode(schema, projection, bytes, header, BATCH_ROWS)
+    {
+        return Ok(Decoded {
+            batches,
+            skipped: Vec::new(),
+            skipped_count: 0,
+        });
+    }
     match decode_all(schema, projection, bytes, header, BATCH_ROWS) {
         Ok(batches) => Ok(Decoded {
             batches,

@@ -20,8 +20,8 @@ fn write_parquet(path: &Path, rows: usize) {
         (0..rows).map(|i| i as f64 - 10.0),
     ));
     let b = RecordBatch::try_new(schema.clone(), vec![x]).expect("batch");
-    let mut w = ArrowWriter::try_new(File::create(path).expect("create"), schema, None)
-        .expect("writer");
+    let mut w =
+        ArrowWriter::try_new(File::create(path).expect("create"), schema, None).expect("writer");
     w.write(&b).expect("write");
     w.close().expect("close");
 }
@@ -29,8 +29,9 @@ fn write_parquet(path: &Path, rows: usize) {
 /// Rewrites the footer of the Parquet file at `path`, each row group edited by `f`.
 fn rewrite_row_groups(path: &Path, f: impl Fn(RowGroupMetaData) -> RowGroupMetaData) {
     let bytes = std::fs::read(path).expect("read");
-    let meta = ArrowReaderMetadata::load(&File::open(path).expect("open"), ArrowReaderOptions::new())
-        .expect("footer");
+    let meta =
+        ArrowReaderMetadata::load(&File::open(path).expect("open"), ArrowReaderOptions::new())
+            .expect("footer");
     let n = bytes.len();
     let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().expect("len")) as usize;
     let mut out = bytes[..n - 8 - footer_len].to_vec();
@@ -113,7 +114,10 @@ fn parquet_footer_claiming_1e12_rows_is_refused_before_any_allocation() {
     let err = stagefs_clean::run(&options(&src, &out), &Progress::default())
         .expect_err("a lying footer must be refused");
     let msg = err.to_string();
-    assert!(msg.contains("t.parquet") && msg.contains("claims more than"), "{msg}");
+    assert!(
+        msg.contains("t.parquet") && msg.contains("claims more than"),
+        "{msg}"
+    );
     let left: Vec<_> = std::fs::read_dir(&out)
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
         .unwrap_or_default();
