@@ -47,7 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let column = args.next().ok_or(USAGE)?;
     let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
     let threads: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(1);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let path = Path::new(&file);
     let dir = path.parent().ok_or("no parent directory")?;
     let name = path.file_name().ok_or("no file name")?;

@@ -43,8 +43,10 @@ pub const CACHE_BYTES: usize = 64 << 20;
 /// below `u64::MAX` that sums of offsets and lengths cannot wrap.
 pub const MAX_VIEW_BYTES: u64 = 1 << 62;
 
-/// Longest file name most file systems take (bytes).
-const NAME_MAX: usize = 255;
+/// Longest file name of a column view (bytes): the 255 most file systems take, less room for
+/// the hidden temporary name `convert --to npy` writes it under (`.NAME.stagefs-tmp`, 13
+/// bytes more) and a little spare.
+const NAME_MAX: usize = 255 - 16;
 
 /// Name of the matrix of all numeric columns.
 pub const FEATURES: &str = "features.npy";
@@ -109,8 +111,8 @@ impl ColumnPlan {
 
 /// Gives every viewed column a distinct file name: the column name with `/` and NUL replaced
 /// by `_`, plus `.npy`; names that collide (with each other or with `features.npy` /
-/// `schema.json`) get `_<index>` appended. A name too long for a file name (over 255 bytes
-/// with `.npy`) is cut at a character boundary and gets `_<index>` too, so the column stays
+/// `schema.json`) get `_<index>` appended. A name too long for a file name (over [`NAME_MAX`]
+/// bytes with `.npy`) is cut at a character boundary and gets `_<index>` too, so the column stays
 /// readable; `schema.json` maps every column to its file.
 fn assign_files(columns: &mut [ColumnPlan]) {
     let mut used: Vec<String> = vec![FEATURES.into(), SCHEMA.into()];
