@@ -204,6 +204,7 @@ struct Ctx {
     max_record: u64,
     cache_budget: u64,
     group_bytes: u64,
+    buffers: read::BufferPool,
 }
 
 enum Payload {
@@ -528,6 +529,7 @@ fn make_ctx(
         max_record: max_record(opts),
         cache_budget,
         group_bytes,
+        buffers: read::BufferPool::default(),
     })
 }
 
@@ -582,7 +584,7 @@ where
                     (Kind::Csv, None) => {
                         let mut stopped = false;
                         let (chunk, max) = (ctx.chunk as usize, ctx.max_record as usize);
-                        read::csv_chunks(&input.path, chunk, max, |span, bytes| {
+                        read::csv_chunks(&input.path, chunk, max, &ctx.buffers, |span, bytes| {
                             if !stopped && !send(span, Payload::Bytes(bytes))? {
                                 stopped = true;
                             }
@@ -639,6 +641,7 @@ fn load(
                 ctx.bad_rows,
             )?;
             bad.add(d.skipped_count, d.skipped);
+            ctx.buffers.put(bytes);
             Ok(d.batches)
         }
         (Span::Parquet { rg, skip, take, .. }, _) => {
@@ -683,12 +686,12 @@ fn pass_stats(
         let mut rows = 0u64;
         for b in &batches {
             rows += b.num_rows() as u64;
-            let (mask, accs) = transform::accumulate(&ctx.plan, b)?;
+            let (k, accs) = transform::accumulate(&ctx.plan, b)?;
             for (t, a) in acc.iter_mut().zip(&accs) {
                 *t = t.merge(a);
             }
             if store.is_some() {
-                kept.push(transform::apply_mask(b, mask)?);
+                kept.push(k);
             }
         }
         drop(batches);
