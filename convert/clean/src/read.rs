@@ -650,7 +650,7 @@ fn record_boundary(buf: &[u8]) -> Option<usize> {
     let mut end = buf.len();
     while let Some(nl) = memchr::memrchr(b'\n', &buf[..end]) {
         quotes_before_end -= count_byte(&buf[nl..end], b'"');
-        if quotes_before_end % 2 == 0 {
+        if quotes_before_end.is_multiple_of(2) {
             return Some(nl + 1);
         }
         end = nl;
