@@ -242,6 +242,14 @@ mod tests {
     }
 
     #[test]
+    fn last_record_without_newline_is_kept() {
+        let text = b"a,1.5,2,true\n\"b,c\",2.5,3,false";
+        let ours = decode(&schema(), None, text, false, 8).expect("fast");
+        assert_eq!(concat(&ours), concat(&arrow_decode(text, false, None)));
+        assert_eq!(ours[0].num_rows(), 2);
+    }
+
+    #[test]
     fn leaves_what_it_cannot_be_sure_of_to_the_reference_path() {
         let s = schema();
         // A quote inside an unquoted field: literal for csv-core.
