@@ -22,8 +22,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch,
-    StringArray,
+    ArrayRef, BinaryBuilder, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringArray,
 };
 use arrow::datatypes::{DataType, SchemaRef};
 
