@@ -528,3 +528,99 @@ fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
             .expect("readers hung: open/release deadlock");
     }
 }
+
+#[test]
+fn mount_from_an_index_lists_nothing_on_the_source() {
+    if common::skip_without_fuse() {
+        return;
+    }
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let index = tmp.path().join("tree.stagefs-index");
+    let out = Command::new(BIN)
+        .arg("index")
+        .arg(&src)
+        .arg("-o")
+        .arg(&index)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = Mount::new(
+        tmp.path(),
+        &src,
+        &["--index", index.to_str().unwrap(), "--no-staging"],
+    );
+    assert_same_tree(&src, &m.mnt);
+    let s = m.stats();
+    assert_eq!(s["snapshot"], "index", "{s}");
+    assert_eq!(
+        s["metadata_requests"], 0,
+        "mount --index listed the source: {s}"
+    );
+}
+
+#[test]
+fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
+    if common::skip_without_fuse() {
+        return;
+    }
+    let (tmp, src) = fresh();
+    let n = 400u64;
+    for i in 0..n {
+        let d = src.join(format!("c{}", i % 8));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join(format!("{i:04}")),
+            pattern(i, 20_000 + (i as usize * 977) % 90_000),
+        )
+        .unwrap();
+    }
+    let mut m = Mount::new(tmp.path(), &src, &["--no-passthrough"]);
+    let pid = m.stats()["pid"].as_i64().unwrap();
+    let readers: Vec<_> = (0..8u64)
+        .map(|t| {
+            let mnt = m.mnt.clone();
+            std::thread::spawn(move || {
+                // Read until the daemon dies under us; whatever was read is exact.
+                for k in 0..n {
+                    let i = (k * 7 + t * 53) % n;
+                    let p = mnt.join(format!("c{}/{i:04}", i % 8));
+                    match fs::read(&p) {
+                        Ok(b) => assert!(b == pattern(i, 20_000 + (i as usize * 977) % 90_000)),
+                        Err(e) => {
+                            // The daemon is gone: requests in flight are aborted, later ones
+                            // find the connection down.
+                            let code = e.raw_os_error();
+                            assert!(
+                                code == Some(libc::ENOTCONN) || code == Some(libc::ECONNABORTED),
+                                "{e}"
+                            );
+                            return;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: sending SIGKILL to the daemon we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    for r in readers {
+        r.join().unwrap();
+    }
+    m.umount();
+    m.mount();
+    for i in 0..n {
+        let p = m.mnt.join(format!("c{}/{i:04}", i % 8));
+        assert!(
+            fs::read(&p).unwrap() == pattern(i, 20_000 + (i as usize * 977) % 90_000),
+            "{}",
+            p.display()
+        );
+    }
+    assert_eq!(m.stats()["error_count"], 0);
+}

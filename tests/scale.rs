@@ -33,14 +33,24 @@ fn generate(src: &Path) {
 
 fn read_all(mnt: &Path) -> usize {
     let mut n = 0;
-    let mut dirs: Vec<_> = fs::read_dir(mnt).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut dirs: Vec<_> = fs::read_dir(mnt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     dirs.sort();
     for d in dirs {
-        let mut files: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut files: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         files.sort();
         for f in files {
             let i: usize = f.file_stem().unwrap().to_str().unwrap().parse().unwrap();
-            assert!(fs::read(&f).unwrap() == content(i), "bytes of {}", f.display());
+            assert!(
+                fs::read(&f).unwrap() == content(i),
+                "bytes of {}",
+                f.display()
+            );
             n += 1;
         }
     }
@@ -75,16 +85,26 @@ fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
     assert_eq!(read_all(&m.mnt), DIRS * PER_DIR);
     let s = m.stats();
     assert_eq!(s["snapshot"], "listed", "{s}");
-    assert_eq!(s["snapshot_entries"].as_u64().unwrap(), (1 + DIRS + DIRS * PER_DIR) as u64);
+    assert_eq!(
+        s["snapshot_entries"].as_u64().unwrap(),
+        (1 + DIRS + DIRS * PER_DIR) as u64
+    );
     m.umount();
     // Packed: the cache holds a handful of files for 200,000 cached ones.
     let cached = files_under(&m.cache);
-    assert!(cached <= DIRS * PER_DIR / 100, "{cached} files on scratch for {} cached", DIRS * PER_DIR);
+    assert!(
+        cached <= DIRS * PER_DIR / 100,
+        "{cached} files on scratch for {} cached",
+        DIRS * PER_DIR
+    );
     m.mount();
     assert_eq!(read_all(&m.mnt), DIRS * PER_DIR);
     let s = m.stats();
     assert_eq!(s["snapshot"], "cache", "{s}");
-    assert_eq!(s["metadata_requests"], 0, "the remount listed the source: {s}");
+    assert_eq!(
+        s["metadata_requests"], 0,
+        "the remount listed the source: {s}"
+    );
     assert_eq!(s["bytes_from_source"], 0, "the remount re-read data: {s}");
     m.umount();
 }

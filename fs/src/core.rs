@@ -418,6 +418,16 @@ impl FsCore {
         }
     }
 
+    /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    /// The inode number of `.stagefs/stats`.
+    pub fn stats_ino(&self) -> u64 {
+        self.inodes.ino(Virtual::Stats)
+    }
+
     /// The live counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats

@@ -46,15 +46,20 @@ pub struct BackingCache {
 pub struct FuseFs {
     core: Arc<FsCore>,
     passthrough: AtomicBool,
+    skip_open: bool,
     backing: Mutex<BackingCache>,
 }
 
 impl FuseFs {
-    /// An adapter over `core`; `passthrough` asks the kernel for FUSE passthrough.
-    pub fn new(core: Arc<FsCore>, passthrough: bool) -> FuseFs {
+    /// An adapter over `core`; `passthrough` asks the kernel for FUSE passthrough; `skip_open`
+    /// answers the first `open` with `ENOSYS`, after which the kernel opens files without
+    /// asking (`FUSE_NO_OPEN_SUPPORT`: no open or release round trip per file, and the page
+    /// cache kept across opens). Passthrough needs opens, so it wins when granted.
+    pub fn new(core: Arc<FsCore>, passthrough: bool, skip_open: bool) -> FuseFs {
         FuseFs {
             core,
             passthrough: AtomicBool::new(passthrough),
+            skip_open,
             backing: Mutex::new(BackingCache::default()),
         }
     }
@@ -163,6 +168,10 @@ impl Filesystem for FuseFs {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let passthrough = self.passthrough.load(Relaxed);
+        if self.skip_open && !passthrough && !write {
+            // Reads then arrive without a handle; the core serves them by inode.
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         let opened = match guard("open", || self.core.open(ino.0, write, passthrough)) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(&e)),

@@ -278,4 +278,3 @@ fn views_carry_the_owner_and_read_bits_of_their_input() {
     assert!(np.iter().any(|n| n == OsStr::new("salary.npy")), "{np:?}");
     c.shutdown();
 }
-

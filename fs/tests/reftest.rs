@@ -23,7 +23,16 @@ use support::*;
 const DIRS: [&str; 4] = ["", "a", "a/b", "c"];
 /// Sizes that exercise empty files, tiny ones, block boundaries, packed multi-block files and
 /// files kept as exact copies (> 4 MiB).
-const SIZES: [usize; 8] = [0, 1, 4095, 65_537, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17, 5 * (1 << 20) + 3];
+const SIZES: [usize; 8] = [
+    0,
+    1,
+    4095,
+    65_537,
+    1 << 20,
+    (1 << 20) + 1,
+    3 * (1 << 20) + 17,
+    5 * (1 << 20) + 3,
+];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -70,7 +79,10 @@ fn build(root: &std::path::Path, spec: &[(usize, usize)]) -> Model {
     let mut attrs = BTreeMap::new();
     let mut listings = BTreeMap::new();
     for d in DIRS {
-        let mut names: Vec<_> = fs::read_dir(root.join(d)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut names: Vec<_> = fs::read_dir(root.join(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         names.sort();
         for n in &names {
             let rel = PathBuf::from(d).join(n);
@@ -82,11 +94,24 @@ fn build(root: &std::path::Path, spec: &[(usize, usize)]) -> Model {
             } else {
                 FileKind::File
             };
-            attrs.insert(rel, (kind, m.size(), (m.mode() & 0o7777) as u16, m.mtime() * 1_000_000_000 + m.mtime_nsec()));
+            attrs.insert(
+                rel,
+                (
+                    kind,
+                    m.size(),
+                    (m.mode() & 0o7777) as u16,
+                    m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                ),
+            );
         }
         listings.insert(PathBuf::from(d), names);
     }
-    Model { files, attrs, listings, changed: HashSet::new() }
+    Model {
+        files,
+        attrs,
+        listings,
+        changed: HashSet::new(),
+    }
 }
 
 fn run(spec: Vec<(usize, usize)>, ops: Vec<Op>, capacity: u64, stage: bool) {
@@ -113,22 +138,44 @@ fn run(spec: Vec<(usize, usize)>, ops: Vec<Op>, capacity: u64, stage: bool) {
                 let rel = &model.files[f].0;
                 let a = lookup(&core, rel).unwrap();
                 let (kind, size, perm, mtime) = model.attrs[rel];
-                assert_eq!((a.kind, a.size, a.perm), (kind, size, perm), "{}", rel.display());
-                let got = a.mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+                assert_eq!(
+                    (a.kind, a.size, a.perm),
+                    (kind, size, perm),
+                    "{}",
+                    rel.display()
+                );
+                let got = a
+                    .mtime
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as i64;
                 assert_eq!(got, mtime, "mtime of {}", rel.display());
             }
             Op::Readdir(d, chunk) => {
                 let want = &model.listings[&PathBuf::from(DIRS[d])];
-                assert_eq!(&names(&core, &PathBuf::from(DIRS[d]), chunk).unwrap(), want, "listing of {:?}", DIRS[d]);
+                assert_eq!(
+                    &names(&core, &PathBuf::from(DIRS[d]), chunk).unwrap(),
+                    want,
+                    "listing of {:?}",
+                    DIRS[d]
+                );
             }
             Op::Read(f, frac, len, chunk) => {
                 let (rel, data) = &model.files[f];
                 let off = (data.len() as f64 * frac) as u64;
                 let end = (off as usize + len).min(data.len());
                 match read(&core, rel, off, len as u64, chunk) {
-                    Ok(got) => assert!(got == data[off as usize..end], "bytes of {} at {off}+{len}", rel.display()),
+                    Ok(got) => assert!(
+                        got == data[off as usize..end],
+                        "bytes of {} at {off}+{len}",
+                        rel.display()
+                    ),
                     Err(e) => {
-                        assert!(model.changed.contains(&f), "read of unchanged {} failed: {e}", rel.display());
+                        assert!(
+                            model.changed.contains(&f),
+                            "read of unchanged {} failed: {e}",
+                            rel.display()
+                        );
                         assert_eq!(e.errno(), libc::ESTALE, "{e}");
                     }
                 }

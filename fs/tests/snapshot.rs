@@ -436,7 +436,9 @@ fn failing_directory_and_entries_are_skipped_and_reported() {
             .unwrap()
             .expect("d3 itself is listed");
         match s.lookup(d3, OsStr::new("f0")) {
-            Err(e @ SnapshotError::Unlisted { .. }) => assert_eq!(stagefs_fs::FsError::from(e).errno(), libc::EACCES),
+            Err(e @ SnapshotError::Unlisted { .. }) => {
+                assert_eq!(stagefs_fs::FsError::from(e).errno(), libc::EACCES)
+            }
             other => panic!("lookup in an unlisted directory: {other:?}"),
         }
         assert!(s.read_dir(d3, 0, |_, _, _, _| true).is_err());
@@ -516,7 +518,9 @@ fn lookup_gives_up_after_the_wait_timeout() {
     .unwrap();
     let slow = s.resolve(Path::new("slow")).unwrap().unwrap();
     match s.lookup(slow, OsStr::new("x")) {
-        Err(e @ SnapshotError::TimedOut { .. }) => assert_eq!(stagefs_fs::FsError::from(e).errno(), libc::ETIMEDOUT),
+        Err(e @ SnapshotError::TimedOut { .. }) => {
+            assert_eq!(stagefs_fs::FsError::from(e).errno(), libc::ETIMEDOUT)
+        }
         other => panic!("{other:?}"),
     }
     s.wait_complete().unwrap();

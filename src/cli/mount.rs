@@ -88,9 +88,17 @@ pub struct Args {
     /// Do not use kernel FUSE passthrough for fully cached files.
     #[arg(long)]
     pub no_passthrough: bool,
+    /// Longest a reader waits for one block from SOURCE before its read fails with ETIMEDOUT
+    /// (a hung parallel filesystem must not hang the training job forever).
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = parse_seconds)]
+    pub read_timeout: Duration,
     /// Source reads kept in flight ahead of readers (read-ahead, prefetch, staging).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub fetch_threads: u64,
+    /// Let the kernel open files without asking the daemon (one round trip less per file; a
+    /// many-small-file epoch is round trips). Off when passthrough is in use.
+    #[arg(long)]
+    pub skip_open: bool,
     /// FUSE request threads.
     #[arg(long, default_value_t = 8)]
     pub fuse_threads: usize,
@@ -414,6 +422,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         cache_size,
         fetch: FetchConfig {
             workers: args.fetch_threads as usize,
+            read_timeout: args.read_timeout,
             ..FetchConfig::default()
         },
         stage: !args.no_staging,
@@ -447,6 +456,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         passthrough: !args.no_passthrough && root,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
+        skip_open: args.skip_open,
     };
     let mounted = mount(core.clone(), &args.mountpoint, &opts)
         .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;

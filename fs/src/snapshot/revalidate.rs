@@ -19,10 +19,10 @@ use std::time::Duration;
 use stagefs_prefetch::source::{lock, FileKind};
 use stagefs_prefetch::SourceError;
 
-use crate::error::source_errno;
 use super::scan::clean;
 use super::tree::DirState;
 use super::{Inner, NodeAttr, NodeId, SnapshotError};
+use crate::error::source_errno;
 
 impl Inner {
     /// See [`super::Snapshot::revalidate`].

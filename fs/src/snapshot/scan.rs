@@ -32,9 +32,9 @@ use std::time::{Duration, Instant, SystemTime};
 use stagefs_prefetch::source::{lock, DirName, FileKind, Meta, Source};
 use stagefs_prefetch::SourceError;
 
-use crate::error::source_errno;
 use super::tree::{valid_name, DirState, Progress, Tree, PENDING};
 use super::{Inner, Job, NodeId, Queue, ScanOptions, Snapshot, SnapshotError};
+use crate::error::source_errno;
 
 /// Most entries statted per job: 128 source round trips (~0.1 s on a parallel filesystem) is
 /// long enough that taking the job costs nothing in comparison, and short enough that a waiting
