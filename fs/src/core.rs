@@ -170,7 +170,7 @@ pub struct FsCore {
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     views: Mutex<Option<Arc<Views>>>,
-    loaded_views: Mutex<Vec<LoadedEntry>>,
+    loaded_views: Mutex<Vec<(LoadedEntry, Vec<u8>)>>,
     verify: Mutex<Option<SyncSender<EntryId>>>,
     /// Where the snapshot came from (for the stats).
     origin: &'static str,

@@ -403,19 +403,15 @@ impl Files {
 
     /// Binds the entries a previous mount left in the cache to the snapshot's nodes (same path
     /// and same version), forgetting the rest. Returns the view entries, for the views.
-    pub fn bind_loaded(&self, loaded: Loaded) -> Vec<stagefs_prefetch::LoadedEntry> {
+    pub fn bind_loaded(&self, mut loaded: Loaded) -> Vec<(stagefs_prefetch::LoadedEntry, Vec<u8>)> {
         let same = loaded.snapshot == self.snapshot.id();
         let (mut bound, mut dropped) = (0usize, 0usize);
-        let mut views = Vec::new();
+        let views = loaded.take_kind(KeyKind::View);
         // Entries were cached roughly directory by directory: remember the last directory
         // resolved, so most keys cost one name lookup rather than a walk from the root.
         let mut last_dir: Option<(PathBuf, NodeId)> = None;
-        for le in loaded.entries {
-            if le.kind == KeyKind::View {
-                views.push(le);
-                continue;
-            }
-            let key = Path::new(std::ffi::OsStr::from_bytes(&le.key));
+        for le in &loaded.entries {
+            let key = Path::new(std::ffi::OsStr::from_bytes(loaded.key(le)));
             let hinted = (same && (le.owner as usize) < self.snapshot.len())
                 .then_some(le.owner)
                 .filter(|n| self.snapshot.path(*n).is_some_and(|p| p == key));

@@ -197,7 +197,7 @@ impl Views {
         snapshot: Arc<Snapshot>,
         files: Arc<Files>,
         opts: ViewOptions,
-        loaded: Vec<LoadedEntry>,
+        loaded: Vec<(LoadedEntry, Vec<u8>)>,
     ) -> Result<Arc<Views>, ViewError> {
         let stats = files.fetcher().stats().clone();
         let on_bad: stagefs_views::view::BadInputHook =
@@ -234,7 +234,7 @@ impl Views {
             loaded: Mutex::new(
                 loaded
                     .into_iter()
-                    .map(|e| (e.key, (e.id, e.version)))
+                    .map(|(e, key)| (key, (e.id, e.version)))
                     .collect(),
             ),
             opened: Mutex::new(HashMap::new()),

@@ -142,12 +142,51 @@ impl Entry {
     }
 }
 
+/// Entries by id, in fixed chunks: a million entries cost a million entries, not the up to
+/// twice as many a doubling `Vec` reserves (and no copy of them all when it grows).
+#[derive(Default)]
+struct Entries {
+    chunks: Vec<Vec<Option<Entry>>>,
+    len: usize,
+}
+
+/// Entries per chunk: 64 Ki × ~56 B ≈ 3.5 MiB, small next to a cache of many files.
+const CHUNK: usize = 1 << 16;
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, e: Option<Entry>) {
+        if self.len % CHUNK == 0 {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        if let Some(c) = self.chunks.last_mut() {
+            c.push(e);
+            self.len += 1;
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&Option<Entry>> {
+        self.chunks.get(i / CHUNK)?.get(i % CHUNK)
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Option<Entry>> {
+        self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Option<Entry>> {
+        self.chunks.iter().flatten()
+    }
+}
+
 fn lru_key(id: EntryId, slot: u32) -> u64 {
     (u64::from(id) << 32) | u64::from(slot)
 }
 
 struct Inner {
-    entries: Vec<Option<Entry>>,
+    entries: Entries,
     evict: Eviction,
     pinned: HashSet<EntryId>,
     segs: Vec<SegState>,
@@ -172,15 +211,17 @@ struct Log {
 const BLOCK_REC: u64 = 31;
 const ENTRY_REC: u64 = 47;
 
-/// An entry found in the index at open, for the owner to bind (or forget).
+/// An entry found in the index at open, for the owner to bind (or forget); its key is
+/// [`Loaded::key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadedEntry {
     /// Its id.
     pub id: EntryId,
     /// What it caches.
     pub kind: KeyKind,
-    /// The key (the path it stands for).
-    pub key: Vec<u8>,
+    /// Where its key is in [`Loaded`]'s key bytes.
+    key_at: usize,
+    key_len: u16,
     /// The version of the cached contents.
     pub version: Version,
     /// The owner's node id recorded with it (meaningful if the snapshot is the same).
@@ -192,12 +233,48 @@ pub struct LoadedEntry {
 }
 
 /// What [`CacheStore::open`] found: the entries to bind and the snapshot their owners refer to.
+/// Keys live in one buffer (not one allocation per entry: a million of those would outlive
+/// the binding as heap fragmentation).
 #[derive(Debug, Default)]
 pub struct Loaded {
     /// The snapshot id recorded in the index (0 if none).
     pub snapshot: u128,
     /// The entries, in id order.
     pub entries: Vec<LoadedEntry>,
+    keys: Vec<u8>,
+}
+
+impl Loaded {
+    /// The key of `e` (the path it stands for).
+    pub fn key(&self, e: &LoadedEntry) -> &[u8] {
+        self.keys
+            .get(e.key_at..e.key_at + usize::from(e.key_len))
+            .unwrap_or_default()
+    }
+
+    fn push(&mut self, mut e: LoadedEntry, key: &[u8]) {
+        e.key_at = self.keys.len();
+        e.key_len = key.len().min(index::MAX_KEY) as u16;
+        self.keys.extend_from_slice(&key[..usize::from(e.key_len)]);
+        self.entries.push(e);
+    }
+
+    /// Splits off the entries of `kind` (with their keys).
+    pub fn take_kind(&mut self, kind: KeyKind) -> Vec<(LoadedEntry, Vec<u8>)> {
+        let mut out = Vec::new();
+        let keys = &self.keys;
+        self.entries.retain(|e| {
+            if e.kind != kind {
+                return true;
+            }
+            let k = keys
+                .get(e.key_at..e.key_at + usize::from(e.key_len))
+                .unwrap_or_default();
+            out.push((e.clone(), k.to_vec()));
+            false
+        });
+        out
+    }
 }
 
 /// The scratch cache.
@@ -249,7 +326,7 @@ impl CacheStore {
             segdir,
             filedir,
             inner: Mutex::new(Inner {
-                entries: Vec::new(),
+                entries: Entries::default(),
                 evict: Eviction::new(cfg.capacity),
                 pinned: HashSet::new(),
                 segs: vec![SegState::default()],
@@ -283,7 +360,7 @@ impl CacheStore {
         let mut inner = lock(&self.inner);
         let header = index::parse_header(buf);
         let snapshot = header.unwrap_or(0);
-        let mut keys: Vec<Option<(KeyKind, Vec<u8>, Version)>> = Vec::new();
+        let mut keys = Keys::default();
         // Segment files present on scratch, with their sizes (to check block records against).
         let mut seg_sizes: Vec<Option<u64>> = vec![None];
         for name in self.segdir.list()? {
@@ -399,35 +476,44 @@ impl CacheStore {
         inner.snapshot = snapshot;
         // Capacity lowered since the last mount: reserving nothing evicts down to it.
         if inner.evict.used() > inner.evict.capacity() {
-            let pinned = inner.pinned.clone();
-            if let Some(victims) = inner.evict.reserve(0, &pinned) {
+            let state = &mut *inner;
+            if let Some(victims) = state.evict.reserve(0, &state.pinned) {
                 for v in victims {
-                    self.drop_block(&mut inner, (v >> 32) as u32, v as u32, false);
+                    self.drop_block(state, (v >> 32) as u32, v as u32, false);
                 }
             }
         }
         let mut loaded = Loaded {
             snapshot,
-            entries: Vec::new(),
+            ..Loaded::default()
         };
         let mut key_bytes = 0;
-        for (id, k) in keys.into_iter().enumerate() {
-            let (Some((kind, key, version)), Some(e)) =
+        for (id, k) in keys.meta.iter().enumerate() {
+            let (Some((kind, at, len, version)), Some(e)) =
                 (k, inner.entries.get(id).and_then(Option::as_ref))
             else {
                 continue;
             };
+            let key = keys
+                .bytes
+                .get(*at..*at + usize::from(*len))
+                .unwrap_or_default();
             key_bytes += key.len() as u64;
-            loaded.entries.push(LoadedEntry {
-                id: id as EntryId,
-                kind,
+            loaded.push(
+                LoadedEntry {
+                    id: id as EntryId,
+                    kind: *kind,
+                    key_at: 0,
+                    key_len: 0,
+                    version: *version,
+                    owner: e.owner,
+                    slots: e.nslots,
+                    present: e.present,
+                },
                 key,
-                version,
-                owner: e.owner,
-                slots: e.nslots,
-                present: e.present,
-            });
+            );
         }
+        drop(keys);
         let complete = inner
             .entries
             .iter()
@@ -459,7 +545,7 @@ impl CacheStore {
     fn apply(
         &self,
         inner: &mut Inner,
-        keys: &mut Vec<Option<(KeyKind, Vec<u8>, Version)>>,
+        keys: &mut Keys,
         seg_sizes: &[Option<u64>],
         order: &mut Vec<u64>,
         rec: &Record<'_>,
@@ -504,7 +590,7 @@ impl CacheStore {
                         Slots::One(ABSENT)
                     },
                 }));
-                keys.push(Some((*kind, key.to_vec(), *version)));
+                keys.push(*kind, key, *version);
                 Applied::Ok
             }
             Record::Block { id, slot, loc } => {
@@ -551,9 +637,7 @@ impl CacheStore {
                     return ok(false);
                 };
                 *slot = None;
-                if let Some(k) = keys.get_mut(*id as usize) {
-                    *k = None;
-                }
+                keys.drop(*id as usize);
                 Applied::Ok
             }
             Record::Bind { id, owner } => {
@@ -573,7 +657,7 @@ impl CacheStore {
     fn rewrite(&self, inner: &mut Inner, loaded: &mut Loaded) -> io::Result<()> {
         let mut out = index::header(inner.snapshot);
         let mut new_ids = vec![u32::MAX; inner.entries.len()];
-        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(loaded.entries.len());
+        let mut entries = Entries::default();
         for le in &mut loaded.entries {
             let Some(mut e) = inner.entries.get_mut(le.id as usize).and_then(Option::take) else {
                 continue;
@@ -593,7 +677,10 @@ impl CacheStore {
                     owner: e.owner,
                     slots: e.nslots,
                     version: le.version,
-                    key: &le.key,
+                    key: loaded
+                        .keys
+                        .get(le.key_at..le.key_at + usize::from(le.key_len))
+                        .unwrap_or_default(),
                 },
                 &mut out,
             );
@@ -868,17 +955,17 @@ impl CacheStore {
             }
             let own = e.own_file;
             let space = aligned(len);
-            let pinned = inner.pinned.clone();
-            let Some(victims) = inner.evict.reserve(space, &pinned) else {
+            let inner = &mut *inner;
+            let Some(victims) = inner.evict.reserve(space, &inner.pinned) else {
                 return false;
             };
             for v in victims {
-                self.drop_block(&mut inner, (v >> 32) as u32, v as u32, false);
+                self.drop_block(inner, (v >> 32) as u32, v as u32, false);
             }
             let placed = if own {
-                self.place_own(&mut inner, id, slot)
+                self.place_own(inner, id, slot)
             } else {
-                self.place_packed(&mut inner, space)
+                self.place_packed(inner, space)
             };
             match placed {
                 Ok(x) => {
@@ -895,7 +982,7 @@ impl CacheStore {
                     )
                 }
                 Err(err) => {
-                    self.write_failed(&mut inner, &err);
+                    self.write_failed(inner, &err);
                     return false;
                 }
             }
@@ -1197,7 +1284,7 @@ impl CacheStore {
         }
         let mut loaded = Loaded {
             snapshot: inner.snapshot,
-            entries: Vec::new(),
+            ..Loaded::default()
         };
         for (id, e) in inner.entries.iter().enumerate() {
             let Some(e) = e else { continue };
@@ -1208,15 +1295,19 @@ impl CacheStore {
                 _,
             )) = buf.get(e.rec_at as usize..).and_then(index::decode)
             {
-                loaded.entries.push(LoadedEntry {
-                    id: id as EntryId,
-                    kind,
-                    key: key.to_vec(),
-                    version,
-                    owner: e.owner,
-                    slots: e.nslots,
-                    present: e.present,
-                });
+                loaded.push(
+                    LoadedEntry {
+                        id: id as EntryId,
+                        kind,
+                        key_at: 0,
+                        key_len: 0,
+                        version,
+                        owner: e.owner,
+                        slots: e.nslots,
+                        present: e.present,
+                    },
+                    key,
+                );
             }
         }
         self.rewrite(&mut inner, &mut loaded)
@@ -1236,6 +1327,28 @@ fn append(log: &Mutex<Log>, rec: &Record<'_>) {
         Record::DropEntry { .. } => own + ENTRY_REC,
         Record::Bind { .. } => own,
     };
+}
+
+/// Keys of the entries met while replaying, in one buffer.
+#[derive(Default)]
+struct Keys {
+    bytes: Vec<u8>,
+    meta: Vec<Option<(KeyKind, usize, u16, Version)>>,
+}
+
+impl Keys {
+    fn push(&mut self, kind: KeyKind, key: &[u8], version: Version) {
+        let len = key.len().min(index::MAX_KEY);
+        self.meta
+            .push(Some((kind, self.bytes.len(), len as u16, version)));
+        self.bytes.extend_from_slice(&key[..len]);
+    }
+
+    fn drop(&mut self, id: usize) {
+        if let Some(k) = self.meta.get_mut(id) {
+            *k = None;
+        }
+    }
 }
 
 /// What replaying one record did.

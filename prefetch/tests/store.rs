@@ -104,7 +104,7 @@ fn blocks_round_trip_packed_and_in_own_files_across_a_remount() {
         loaded
             .entries
             .iter()
-            .find(|e| e.key == k.as_bytes())
+            .find(|e| loaded.key(e) == k.as_bytes())
             .unwrap()
     };
     let a = by_key("d/small.jpg");
@@ -231,7 +231,9 @@ fn torn_index_tail_keeps_every_record_before_it() {
     let present: u32 = loaded.entries.iter().map(|e| e.present).sum();
     assert_eq!(present, 9);
     for e in &loaded.entries {
-        let i: u64 = std::str::from_utf8(&e.key).unwrap()[1..].parse().unwrap();
+        let i: u64 = std::str::from_utf8(loaded.key(e)).unwrap()[1..]
+            .parse()
+            .unwrap();
         if let Some(b) = s.read(e.id, 0) {
             assert_eq!(&b[..], &pattern(i, 1000)[..]);
         }
@@ -345,7 +347,11 @@ fn forgotten_entry_is_gone_after_remount() {
         s.close().unwrap();
     }
     let (_, loaded, _) = open(tmp.path(), 1 << 30);
-    let keys: Vec<_> = loaded.entries.iter().map(|e| e.key.clone()).collect();
+    let keys: Vec<_> = loaded
+        .entries
+        .iter()
+        .map(|e| loaded.key(e).to_vec())
+        .collect();
     assert_eq!(keys, vec![b"b".to_vec()]);
 }
 
