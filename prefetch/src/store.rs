@@ -159,7 +159,7 @@ impl Entries {
     }
 
     fn push(&mut self, e: Option<Entry>) {
-        if self.len % CHUNK == 0 {
+        if self.len.is_multiple_of(CHUNK) {
             self.chunks.push(Vec::with_capacity(CHUNK));
         }
         if let Some(c) = self.chunks.last_mut() {
