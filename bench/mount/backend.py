@@ -102,10 +102,11 @@ class Backend:
             load = self.res.begin()
             secs, _ = self.user.timed(["rsync", "-a", os.path.join(self.a.bigdata, ds) + "/",
                                        dst + "/"])
-            size = sum(os.lstat(os.path.join(d, f)).st_size
-                       for d, _, fs in os.walk(dst) for f in fs)
-            self.res.record(load, mode="rsync", dataset=ds, side="seed", secs=secs, bytes=size,
-                            mbps=size / secs / 1e6)
+            sizes = [os.lstat(os.path.join(d, f)).st_size
+                     for d, _, fs in os.walk(dst) for f in fs]
+            self.res.record(load, mode="rsync", dataset=ds, side="seed", secs=secs,
+                            bytes=sum(sizes), files=len(sizes), mbps=sum(sizes) / secs / 1e6,
+                            files_s=len(sizes) / secs)
             for reader in self.readers:
                 for k in range(2, 2 + self.a.later):
                     load = self.res.begin()

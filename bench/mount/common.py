@@ -58,6 +58,7 @@ class Who:
             self.prefix = []
 
     def run(self, cmd: list, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("cwd", "/")  # the user may not be allowed into root's working directory
         r = subprocess.run(self.prefix + cmd, capture_output=True, text=True, **kw)
         if check and r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} (as {self.name}) failed ({r.returncode}): "
@@ -146,8 +147,21 @@ class Mount:
         return out
 
 
+def mount_device(path: str):
+    """The "major:minor" of the mount at `path`, from /proc/self/mountinfo (not stat: root may not
+    stat a FUSE mount of another user without allow_other), or None if nothing is mounted there."""
+    path = os.path.realpath(path)
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4].replace("\\040", " ") == path:
+                found = fields[2]  # the last mount on a path is the visible one
+    return found
+
+
 def is_mountpoint(path: str) -> bool:
-    return subprocess.run(["mountpoint", "-q", path]).returncode == 0
+    return mount_device(path) is not None
 
 
 # The stats that make a pass's row, as differences between the stats after and before it.

@@ -11,15 +11,15 @@ so the lead keeps what helps. On the slow backend's small-file dataset, as the u
          (shuffled) with --fetch-threads 8/32/128 (32 is the default).
   list   per round and configuration, an empty cache, caches dropped, --no-staging:
          mount + `find MNT | wc -l` with --scan-threads 8/64/256 (64 is the default).
-Configurations run in the same order every round; each row's ratio is against the default in
-the same round.
+Every configuration runs right after a run of the default (A B pairs, seconds apart); its
+ratio is against that default run, per round, then the median.
 """
 
 import os
 import re
 import shutil
 
-from common import Mount, Results, Who, drop_caches, log, stats_delta
+from common import Mount, Results, Who, drop_caches, log, mount_device, stats_delta
 
 WARM = [  # (name, mount flags, kernel read-ahead KiB or None)
     ("default (--fuse-threads 8)", [], None),
@@ -44,9 +44,10 @@ LIST = [
 
 
 def set_readahead(mnt: str, kib: int) -> None:
-    st = os.stat(mnt)
-    with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb",
-              "w") as f:
+    dev = mount_device(mnt)
+    if dev is None:
+        raise RuntimeError(f"nothing mounted at {mnt}")
+    with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as f:
         f.write(f"{kib}\n")
 
 
@@ -69,7 +70,7 @@ class Levers:
             self.res.record(self.res.begin(), mode="FAILED", name=name, error=str(e)[-1500:])
             self.m.force_umount()
 
-    def warm(self, cache: str, name: str, flags: list, readahead) -> None:
+    def warm(self, pair: str, cache: str, name: str, flags: list, readahead) -> None:
         self.m.mount(self.src, cache, self.size + flags)
         try:
             if readahead:
@@ -79,14 +80,14 @@ class Levers:
                 load = self.res.begin()
                 ep = self.user.epoch(self.a.mnt, reader, seed=self.res.round)
                 st2 = self.m.stats()
-                self.res.record(load, mode="warm", config=name, reader=reader, **ep,
+                self.res.record(load, mode="warm", config=name, pair=pair, reader=reader, **ep,
                                 mbps=ep["bytes"] / ep["epoch_s"] / 1e6,
                                 stats=stats_delta(st, st2))
             self.m.umount()
         finally:
             self.m.force_umount()
 
-    def cold(self, name: str, flags: list) -> None:
+    def cold(self, pair: str, name: str, flags: list) -> None:
         cache = self.user.mkdir(os.path.join(self.base, "levers-cold"))
         try:
             drop_caches()
@@ -96,13 +97,14 @@ class Levers:
             st = self.m.stats()
             self.m.umount()
             secs = mount_s + ep["epoch_s"]
-            self.res.record(load, mode="cold", config=name, reader="shuf8", **ep, secs=secs,
+            self.res.record(load, mode="cold", config=name, pair=pair, reader="shuf8", **ep,
+                            secs=secs,
                             mbps=ep["bytes"] / secs / 1e6, stats=stats_delta({}, st))
         finally:
             self.m.force_umount()
             shutil.rmtree(cache, ignore_errors=True)
 
-    def listing(self, name: str, flags: list) -> None:
+    def listing(self, pair: str, name: str, flags: list) -> None:
         cache = self.user.mkdir(os.path.join(self.base, "levers-list"))
         try:
             drop_caches()
@@ -111,7 +113,8 @@ class Levers:
             secs, r = self.user.timed(["sh", "-c", 'find "$1" | wc -l', "sh", self.a.mnt])
             st = self.m.stats()
             self.m.umount()
-            self.res.record(load, mode="list", config=name, mount_s=mount_s, find_s=secs,
+            self.res.record(load, mode="list", config=name, pair=pair, mount_s=mount_s,
+                            find_s=secs,
                             secs=mount_s + secs, lines=int(r.stdout), stats=stats_delta({}, st))
         finally:
             self.m.force_umount()
@@ -132,14 +135,18 @@ class Levers:
             for r in range(1, self.a.rounds + 1):
                 self.res.round = r
                 log(f"round {r}/{self.a.rounds}")
-                for name, flags, ra in WARM if "warm" in parts else []:
-                    if not self.a.only or re.search(self.a.only, name):
-                        self.guarded(f"warm {name}", self.warm, cache, name, flags, ra)
-                for name, flags in COLD if "cold" in parts else []:
-                    if not self.a.only or re.search(self.a.only, name):
-                        self.guarded(f"cold {name}", self.cold, name, flags)
-                for name, flags in LIST if "list" in parts else []:
-                    if not self.a.only or re.search(self.a.only, name):
-                        self.guarded(f"list {name}", self.listing, name, flags)
+                for part, configs, fn in (("warm", WARM, self.warm), ("cold", COLD, self.cold),
+                                          ("list", LIST, self.listing)):
+                    if part not in parts:
+                        continue
+                    default, others = configs[0], configs[1:]
+                    for cfg in others:
+                        if self.a.only and not re.search(self.a.only, cfg[0]):
+                            continue
+                        # A B pairs: the default right before each configuration, so every
+                        # ratio compares runs seconds apart.
+                        for run in (default, cfg):
+                            args = (cache, *run) if part == "warm" else run
+                            self.guarded(f"{part} {run[0]} (pair: {cfg[0]})", fn, cfg[0], *args)
         finally:
             shutil.rmtree(cache, ignore_errors=True)

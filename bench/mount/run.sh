@@ -73,14 +73,18 @@ case $cmd in default | all | backend | scale | levers | clean) ;;
   *) die "unknown command $cmd (default, all, backend, scale, levers, report, clean)" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (drop_caches, loop devices, nbdfuse); run it as root"
 
+# Whether something is mounted at $1 (mountinfo, not stat: root may not stat another user's FUSE
+# mount without allow_other).
+mounted() { awk -v m="$(realpath -m "$1")" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+
 teardown() {
   set +e
-  if mountpoint -q "$MNT"; then
+  if mounted "$MNT"; then
     "$BIN/stagefs" umount --lazy "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" || umount -l "$MNT"
   fi
-  mountpoint -q "$BIGDATA" && umount "$BIGDATA"
+  mounted "$BIGDATA" && umount "$BIGDATA"
   for dev in $(losetup -j "$NBD/disk" -O NAME -n 2>/dev/null); do losetup -d "$dev"; done
-  mountpoint -q "$NBD" && fusermount3 -u "$NBD"
+  mounted "$NBD" && fusermount3 -u "$NBD"
   if [ -f "$WORK/nbdkit.pid" ]; then
     kill "$(cat "$WORK/nbdkit.pid")" 2>/dev/null
     rm -f "$WORK/nbdkit.pid"
@@ -178,7 +182,8 @@ part_levers() {
 
 part_scale() {
   # Fit N to the host: one inode per file (plus 10% and 100k spare) on $WORK's filesystem,
-  # and the cache (~1.3 x 2.5 KB per file, packed) in what the RAM disk has free.
+  # and the cache (files are packed 4 KiB-aligned: ~4.6 KB per 1-4 KB file with the index) in
+  # what the RAM disk has free.
   local n=$SCALE_FILES free_inodes ram_free fit
   free_inodes=$(df --output=iavail "$WORK" | tail -1)
   ram_free=$(($(df --output=avail -B1 "$RAM" | tail -1) - 256 * 1024 * 1024))
@@ -187,7 +192,7 @@ part_scale() {
     log "scale: only $free_inodes free inodes on $WORK: N scaled down from $n to $fit"
     n=$fit
   fi
-  fit=$((ram_free / 3300))
+  fit=$((ram_free / 4600))
   if [ "$fit" -lt "$n" ]; then
     log "scale: the RAM disk has $((ram_free >> 20)) MiB free: N scaled down from $n to $fit (raise RAM_SIZE)"
     n=$fit

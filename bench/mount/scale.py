@@ -23,16 +23,27 @@ cache (the same format) and the index pass is reported as missing.
 import os
 import re
 import shutil
-import subprocess
 
 from common import Mount, Results, Who, drop_caches, log, stats_delta
 
 
-def count_files(path: str) -> int:
-    n = 0
-    for _, _, files in os.walk(path):
-        n += len(files)
-    return n
+def scratch_usage(path: str) -> tuple:
+    """(regular files, bytes allocated) under the cache directory `path`."""
+    n = blocks = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            n += 1
+            blocks += st.st_blocks
+    return n, blocks * 512
+
+
+def find_snapshot(cache: str):
+    """The snapshot a mount kept in its cache directory (a file named `snapshot`)."""
+    for d, _, files in os.walk(cache):
+        if "snapshot" in files:
+            return os.path.join(d, "snapshot")
+    return None
 
 
 class Scale:
@@ -96,12 +107,13 @@ class Scale:
         st2 = self.m.stats()
         mem = self.m.memory()
         umount_s = self.m.umount()
-        scratch = count_files(self.cache)
+        scratch, allocated = scratch_usage(self.cache)
         self.rec(load, "read", **ep, stats=stats_delta(st, st2), **mem, umount_s=umount_s,
-                 scratch_files=scratch, cache_used=st2.get("cache_used"))
+                 scratch_files=scratch, scratch_bytes=allocated,
+                 cache_used=st2.get("cache_used"))
         if not self.has_index_cmd:
-            snap = os.path.join(self.cache, "snapshot")
-            if os.path.exists(snap):
+            snap = find_snapshot(self.cache)
+            if snap:
                 shutil.copyfile(snap, self.index)
                 os.chown(self.index, self.user.uid, self.user.gid)
 
@@ -174,4 +186,5 @@ class Scale:
             self.pass_("index", self.index_pass)
             self.pass_("index-mount", self.index_mount)
             shutil.rmtree(self.cache, ignore_errors=True)
-        subprocess.run(["rm", "-f", self.index])
+        if os.path.exists(self.index):
+            os.remove(self.index)
