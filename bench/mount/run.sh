@@ -1,86 +1,90 @@
 #!/usr/bin/env bash
-# The benchmark of the mount (issue 2). Run as root from anywhere:   sudo bench/mount/run.sh
+# The mount benchmark (issue 9). Run as root from anywhere; see README.md.
 #
-# Builds a realistically slow /bigdata and measures, side by side and in alternated rounds:
-# rsync-to-scratch-then-read (today's workflow), direct reads of the slow filesystem, stagefs
-# epoch 1 (cold cache, with and without background staging), stagefs epoch 2 (warm cache, with
-# and without FUSE passthrough) and reads of a local copy on scratch; then prints the report.
+#   bench/mount/run.sh            part 1 (slow backend) + part 2 (scale), then the report
+#   bench/mount/run.sh backend    part 1 only        bench/mount/run.sh scale    part 2 only
+#   bench/mount/run.sh levers     the FUSE-lever experiment (slow backend, small files)
+#   bench/mount/run.sh all        parts 1 and 2 and the levers
+#   bench/mount/run.sh report RESULTS.jsonl...   the report again, from saved results
+#   bench/mount/run.sh clean      unmount the RAM disk, delete $WORK (keeps nothing)
 #
-# The slow storage: the datasets live in an ext4 image served by nbdkit through its `rate` filter
-# (RATE_MBS, total over all connections) and `delay` filter (DELAY_MS per read request),
-# exposed as a file by nbdfuse, attached read-only to a loop device (direct I/O, so the page
-# cache holds each block once) and mounted as ext4. This box has no nbd kernel module, hence
-# nbdfuse. nbdkit runs with cache=none, so `echo 3 > drop_caches` empties every layer.
+# Part 1 builds a slow /bigdata: an ext4 image served by nbdkit through its `rate` filter
+# (RATE_MBS, over all connections) and `delay` filter (DELAY_MS per read request), exposed as a
+# file by nbdfuse (this kernel has no nbd module), attached read-only to a loop device with
+# direct I/O (so the page cache holds each block once) and mounted ext4. nbdkit runs with
+# cache=none, so `echo 3 > drop_caches` empties every layer. Node-local scratch is a tmpfs
+# ($WORK/ram, RAM_SIZE): the VM's virtual disk is slower than the emulated shared storage, while
+# real scratch NVMe reads at GB/s; the backend image lives there too (generated once per set of
+# sizes, kept until `clean` or a reboot), so the rate filter, not the VM disk, limits /bigdata.
+# Part 2 generates SCALE_FILES tiny files (holes, ~0.2 GB of disk for 1.28 M) under $WORK on the
+# host disk, once, scaled down (and said so) if the inodes or the RAM disk for its cache do not
+# allow that many.
 #
-# Node-local scratch is a tmpfs (RAM): this VM's virtual disk reads at ~90 MB/s, slower than
-# the 200 MB/s "shared storage", while real scratch NVMe reads at GB/s. So the backend image,
-# the local copy, rsync targets and stagefs caches all live in $WORK/ram (peak ~11 GB with the
-# default sizes); the generated image is also kept on disk ($WORK/backend.img) for re-runs.
-# `run.sh clean` unmounts that tmpfs and removes $WORK.
+# Every stagefs mount of the headline, every epoch, find and `stagefs index` runs as BENCH_USER
+# (setpriv); the root-mounted variant (passthrough) is part 1's secondary line.
 #
-# Knobs (environment): WORK (state dir, default /var/tmp/stagefs-bench), STAGEFS (binary,
-# default target/release/stagefs, built if missing), RAM_SIZE=14g (the tmpfs), RATE_MBS=200, DELAY_MS=2, LARGE_FILES=4,
-# LARGE_MB=512, SMALL_FILES=20000, SMALL_CLASSES=100, SMALL_KB=100, ROUNDS=2, ONLY (a regex:
-# run only the passes whose name matches, e.g. ONLY='small (local|cold)'; names are printed),
-# ONCE (a regex: passes run in round 1 only; default 'small (direct seq|seed)', the two passes
-# that take ~200 s each on small files and are 10-20x off the others: repeating them adds
-# nothing to the comparison but 7 minutes), WORKAROUND=1 (0 once the open/release deadlock in
-# fs/src/fuse.rs is fixed: small-file cold passes then keep passthrough on, warm ones 8 threads),
-# TOP_DIRS=N (epochs read only the first N class folders; 0 = all).
-# The image and the local copy are kept in WORK and reused while these sizes stay the same.
+# Knobs (environment): WORK=/var/tmp/stagefs-bench, STAGEFS (binary; default
+# target/release/stagefs, built if missing), BENCH_USER=stagefs-test, RAM_SIZE=16g, ROUNDS=2,
+# RATE_MBS=200, DELAY_MS=2, LARGE_FILES=8, LARGE_MB=256, SMALL_FILES=20000, SMALL_CLASSES=100,
+# SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq,
+# DATASETS=small,large, SIDES=seed,user,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
+# SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
+# run), CACHE_SIZE=8G (the mounts' --cache-size).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/var/tmp/stagefs-bench}
-STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
+STAGEFS_SRC=${STAGEFS:-$REPO/target/release/stagefs}
+BENCH_USER=${BENCH_USER:-stagefs-test}
+RAM_SIZE=${RAM_SIZE:-16g}
+ROUNDS=${ROUNDS:-2}
 RATE_MBS=${RATE_MBS:-200}
 DELAY_MS=${DELAY_MS:-2}
-LARGE_FILES=${LARGE_FILES:-4}
-LARGE_MB=${LARGE_MB:-512}
+LARGE_FILES=${LARGE_FILES:-8}
+LARGE_MB=${LARGE_MB:-256}
 SMALL_FILES=${SMALL_FILES:-20000}
 SMALL_CLASSES=${SMALL_CLASSES:-100}
 SMALL_KB=${SMALL_KB:-100}
-ROUNDS=${ROUNDS:-2}
-RAM_SIZE=${RAM_SIZE:-14g}
+SCALE_FILES=${SCALE_FILES:-1280000}
+SCALE_CLASSES=${SCALE_CLASSES:-1000}
+SCALE_ROUNDS=${SCALE_ROUNDS:-$ROUNDS}
+CACHE_SIZE=${CACHE_SIZE:-8G}
+PY=/usr/bin/python3  # not a venv's: the unprivileged user runs it too
 
-RAM=$WORK/ram         # tmpfs standing in for node-local NVMe scratch (and holding the backend)
-DISK_IMG=$WORK/backend.img
+RAM=$WORK/ram          # tmpfs: node-local scratch, and the backend image
 IMG=$RAM/backend.img
 PARAMS="large=${LARGE_FILES}x${LARGE_MB}MB small=${SMALL_FILES}x${SMALL_KB}KB/${SMALL_CLASSES}"
 SOCK=$WORK/nbdkit.sock
 NBD=$WORK/nbd          # nbdfuse mountpoint; the device is the file $NBD/disk
 BIGDATA=$WORK/bigdata  # the slow filesystem (ext4, read-only)
-LOCAL=$RAM/local       # a local copy on scratch: the speed to beat
-SCRATCH=$RAM/scratch   # rsync targets and stagefs caches
-MNT=$WORK/mnt          # the stagefs mountpoint
+SCRATCH=$RAM/scratch   # rsync targets and stagefs caches: $SCRATCH/user (0700, BENCH_USER), /root
+MNT=$WORK/mnt          # the stagefs mountpoint (owned by BENCH_USER)
+BIN=$WORK/bin          # copies of the scripts and binary, readable by BENCH_USER wherever the
+                       # checkout lives
 RESULTS=$WORK/results
 
 log() { echo "$(date +%T) $*" >&2; }
 die() { echo "run.sh: $*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "needs root (drop_caches, loop devices, nbdfuse); run: sudo $0"
+cmd=${1:-default}
+[ "$cmd" = report ] && { shift; exec "$PY" "$HERE/bench.py" report "$@"; }
+case $cmd in default | all | backend | scale | levers | clean) ;;
+  *) die "unknown command $cmd (default, all, backend, scale, levers, report, clean)" ;; esac
+[ "$(id -u)" = 0 ] || die "needs root (drop_caches, loop devices, nbdfuse); run it as root"
 
-missing=()
-for t in nbdkit:nbdkit nbdfuse:libnbd-bin rsync:rsync mkfs.ext4:e2fsprogs losetup:mount \
-  fusermount3:fuse3 python3:python3; do
-  command -v "${t%%:*}" >/dev/null || missing+=("${t#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing ${missing[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
-if [ ! -x "$STAGEFS" ]; then
-  log "building $STAGEFS"
-  (cd "$REPO" && cargo build --release -p stagefs)
-fi
+# Whether something is mounted at $1 (mountinfo, not stat: root may not stat another user's FUSE
+# mount without allow_other).
+mounted() { awk -v m="$(realpath -m "$1")" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
 
 teardown() {
   set +e
-  if mountpoint -q "$MNT"; then "$STAGEFS" umount "$MNT" || fusermount3 -uz "$MNT"; fi
-  mountpoint -q "$BIGDATA" && umount "$BIGDATA"
+  if mounted "$MNT"; then
+    "$BIN/stagefs" umount --lazy "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" || umount -l "$MNT"
+  fi
+  mounted "$BIGDATA" && umount "$BIGDATA"
   for dev in $(losetup -j "$NBD/disk" -O NAME -n 2>/dev/null); do losetup -d "$dev"; done
-  mountpoint -q "$NBD" && fusermount3 -u "$NBD"
+  mounted "$NBD" && fusermount3 -u "$NBD"
   if [ -f "$WORK/nbdkit.pid" ]; then
     kill "$(cat "$WORK/nbdkit.pid")" 2>/dev/null
     rm -f "$WORK/nbdkit.pid"
@@ -91,72 +95,144 @@ teardown() {
 }
 
 teardown  # leftovers of an interrupted run
-if [ "${1:-}" = clean ]; then
+if [ "$cmd" = clean ]; then
   mountpoint -q "$RAM" && umount "$RAM"
   rm -rf "$WORK"
   exit 0
 fi
-mkdir -p "$WORK" "$NBD" "$BIGDATA" "$RAM" "$MNT" "$RESULTS"
-mountpoint -q "$RAM" || mount -t tmpfs -o size="$RAM_SIZE" stagefs-bench "$RAM"
-mkdir -p "$LOCAL" "$SCRATCH"
+
+missing=()
+for t in nbdkit:nbdkit nbdfuse:libnbd-bin rsync:rsync mkfs.ext4:e2fsprogs losetup:mount \
+  fusermount3:fuse3 setpriv:util-linux; do
+  command -v "${t%%:*}" >/dev/null || missing+=("${t#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+id "$BENCH_USER" >/dev/null 2>&1 || die "no user $BENCH_USER (useradd -m $BENCH_USER, or BENCH_USER=...)"
+[ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" = 666 ] ||
+  die "/dev/fuse must be mode 0666 for unprivileged mounts (chmod 0666 /dev/fuse)"
+if [ ! -x "$STAGEFS_SRC" ]; then
+  log "building $STAGEFS_SRC"
+  (cd "$REPO" && cargo build --release -p stagefs)
+fi
+
+mkdir -p "$WORK" "$NBD" "$BIGDATA" "$RAM" "$MNT" "$RESULTS" "$BIN"
+chmod 0755 "$WORK" "$BIN"
+chown "$BENCH_USER:" "$MNT" && chmod 0755 "$MNT"
+install -m 0755 "$STAGEFS_SRC" "$BIN/stagefs"
+install -m 0644 "$HERE"/*.py "$BIN/"
+COMMIT=$(git -C "$REPO" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+export BENCH_COMMIT="$COMMIT (binary $(stat -c %y "$STAGEFS_SRC" | cut -d. -f1))"
+mountpoint -q "$RAM" || mount -t tmpfs -o size="$RAM_SIZE",mode=0755 stagefs-bench "$RAM"
 trap teardown EXIT
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH/user" "$SCRATCH/root"
+chown "$BENCH_USER:" "$SCRATCH/user" && chmod 0700 "$SCRATCH/user" "$SCRATCH/root"
+chmod 0755 "$SCRATCH"
 
-# --- the image and the local copy (once per set of sizes) ---------------------------------------
-if [ "$(cat "$WORK/params" 2>/dev/null)" != "$PARAMS" ]; then
-  log "generating datasets ($PARAMS) into $DISK_IMG"
-  rm -f "$WORK/params" "$RAM/params" "$DISK_IMG"
-  data_mb=$((LARGE_FILES * LARGE_MB + SMALL_FILES * SMALL_KB * 14 / 10 / 1000))
-  truncate -s $((data_mb * 115 / 100 + 256))M "$DISK_IMG"
-  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$DISK_IMG"
-  gen=$WORK/gen
-  mkdir -p "$gen"
-  mount -o loop "$DISK_IMG" "$gen"
-  python3 "$HERE/gen.py" "$gen" "$LARGE_FILES" "$LARGE_MB" "$SMALL_FILES" "$SMALL_CLASSES" "$SMALL_KB"
-  umount "$gen"
-  echo "$PARAMS" >"$WORK/params"
-fi
-if [ "$(cat "$RAM/params" 2>/dev/null)" != "$PARAMS" ]; then
-  log "copying the image into RAM and making the local copy"
-  rm -rf "$LOCAL" "$SCRATCH" "$IMG" && mkdir -p "$LOCAL" "$SCRATCH"
-  cp --sparse=always "$DISK_IMG" "$IMG"
-  gen=$WORK/gen
-  mkdir -p "$gen"
-  mount -o loop,ro,noload "$IMG" "$gen"
-  rsync -a "$gen/large" "$gen/small" "$LOCAL/"
-  umount "$gen"
-  echo "$PARAMS" >"$RAM/params"
-fi
-rm -rf "${SCRATCH:?}"/*
-
-# --- the slow backend ---------------------------------------------------------------------------
-log "backend: nbdkit rate=${RATE_MBS} MB/s delay-read=${DELAY_MS} ms → nbdfuse → loop → ext4"
-nbdkit -U "$SOCK" -P "$WORK/nbdkit.pid" --readonly --filter=rate --filter=delay \
-  file file="$IMG" cache=none delay-read="${DELAY_MS}ms" rate=$((RATE_MBS * 8 * 1000000))
-for _ in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
-nbdfuse --readonly "$NBD/disk" --unix "$SOCK" &
-for _ in $(seq 50); do [ -f "$NBD/disk" ] && break; sleep 0.1; done
-[ -f "$NBD/disk" ] || die "nbdfuse did not come up"
-LOOP=$(losetup -f --show -r --direct-io=on "$NBD/disk")
-mount -t ext4 -o ro,noload "$LOOP" "$BIGDATA"
-log "slow /bigdata at $BIGDATA ($LOOP, read_ahead_kb=$(cat /sys/block/"${LOOP#/dev/}"/queue/read_ahead_kb))"
-
-# --- the passes ---------------------------------------------------------------------------------
-# Workaround: the daemon keeps one descriptor open per cached file (prefetch/src/store.rs,
-# Entry::file, never closed), so 20,000 small files exhaust a 20,000 (or the usual 1,024) limit
-# and reads fail with EMFILE. Raise the limit the daemon inherits until that is fixed.
-if [ "${WORKAROUND:-1}" = 1 ]; then ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"; fi
-log "open-file limit for the daemon: $(ulimit -n)"
 stamp=$(date +%Y%m%d-%H%M%S)
 out=$RESULTS/results-$stamp.jsonl
-log "results → $out"
-python3 "$HERE/bench.py" run --bigdata "$BIGDATA" --local "$LOCAL" --scratch "$SCRATCH" \
-  --mnt "$MNT" --stagefs "$STAGEFS" --device "$NBD/disk" --rounds "$ROUNDS" --out "$out" --only "${ONLY:-}" \
-  --once "${ONCE-small (direct seq|seed)}" --workaround "${WORKAROUND:-1}" \
-  --top-dirs "${TOP_DIRS:-0}" ||
-  die "a pass failed (partial results in $out)"
+log "results → $out (commit $COMMIT)"
+common=(--scratch "$SCRATCH" --mnt "$MNT" --stagefs "$BIN/stagefs" --out "$out"
+  --user "$BENCH_USER" --only "${ONLY:-}" --cache-size "$CACHE_SIZE")
+
+backend_up() {
+  if [ "$(cat "$RAM/params" 2>/dev/null)" != "$PARAMS" ] || [ ! -f "$IMG" ]; then
+    log "generating the backend datasets ($PARAMS) into $IMG (RAM)"
+    rm -f "$RAM/params" "$IMG"
+    local data_mb=$((LARGE_FILES * LARGE_MB + SMALL_FILES * SMALL_KB * 14 / 10 / 1000))
+    truncate -s $((data_mb * 115 / 100 + 256))M "$IMG"
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$IMG"
+    local gen=$WORK/gen
+    mkdir -p "$gen"
+    mount -o loop "$IMG" "$gen"
+    "$PY" "$HERE/gen.py" backend "$gen" "$LARGE_FILES" "$LARGE_MB" "$SMALL_FILES" \
+      "$SMALL_CLASSES" "$SMALL_KB" || { umount "$gen"; die "generating the datasets failed"; }
+    umount "$gen"
+    echo "$PARAMS" >"$RAM/params"
+  fi
+  log "backend: nbdkit rate=${RATE_MBS} MB/s delay-read=${DELAY_MS} ms → nbdfuse → loop → ext4"
+  nbdkit -U "$SOCK" -P "$WORK/nbdkit.pid" --readonly --filter=rate --filter=delay \
+    file file="$IMG" cache=none delay-read="${DELAY_MS}ms" rate=$((RATE_MBS * 8 * 1000000))
+  for _ in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
+  nbdfuse --readonly "$NBD/disk" --unix "$SOCK" &
+  for _ in $(seq 50); do [ -f "$NBD/disk" ] && break; sleep 0.1; done
+  [ -f "$NBD/disk" ] || die "nbdfuse did not come up"
+  local loop
+  loop=$(losetup -f --show -r --direct-io=on "$NBD/disk")
+  mount -t ext4 -o ro,noload "$loop" "$BIGDATA"
+  log "slow /bigdata at $BIGDATA ($loop)"
+}
+
+part_backend() {
+  "$PY" "$BIN/bench.py" backend "${common[@]}" --bigdata "$BIGDATA" --device "$NBD/disk" \
+    --rounds "$ROUNDS" --later "${LATER:-3}" --readers "${READERS:-shuf8,seq}" \
+    --datasets "${DATASETS:-small,large}" --sides "${SIDES:-seed,user,root}" \
+    --params "$PARAMS rate=${RATE_MBS}MB/s delay=${DELAY_MS}ms" ||
+    log "part 1 ended with an error (partial results in $out)"
+}
+
+part_levers() {
+  "$PY" "$BIN/bench.py" levers "${common[@]}" --bigdata "$BIGDATA" --rounds "$ROUNDS" \
+    --levers "${LEVERS:-warm,cold,list}" --params "$PARAMS" ||
+    log "levers ended with an error (partial results in $out)"
+}
+
+part_scale() {
+  # Fit N to the host: one inode per file (plus 10% and 100k spare) on $WORK's filesystem,
+  # and the cache (files are packed 4 KiB-aligned: ~4.6 KB per 1-4 KB file with the index) in
+  # what the RAM disk has free.
+  local n=$SCALE_FILES free_inodes ram_free fit
+  free_inodes=$(df --output=iavail "$WORK" | tail -1)
+  ram_free=$(($(df --output=avail -B1 "$RAM" | tail -1) - 256 * 1024 * 1024))
+  fit=$(((free_inodes - 100000) * 10 / 11))
+  if [ "$fit" -lt "$n" ]; then
+    log "scale: only $free_inodes free inodes on $WORK: N scaled down from $n to $fit"
+    n=$fit
+  fi
+  fit=$((ram_free / 4600))
+  if [ "$fit" -lt "$n" ]; then
+    log "scale: the RAM disk has $((ram_free >> 20)) MiB free: N scaled down from $n to $fit (raise RAM_SIZE)"
+    n=$fit
+  fi
+  # Disk: the files are holes, but directories take ~60 B per entry (and 0.1 GB to spare).
+  fit=$((($(df --output=avail -B1 "$WORK" | tail -1) - 100 * 1024 * 1024) / 60))
+  if [ "$fit" -lt "$n" ]; then
+    log "scale: little disk free on $WORK: N scaled down from $n to $fit"
+    n=$fit
+  fi
+  n=$((n / SCALE_CLASSES * SCALE_CLASSES))
+  [ "$n" -gt 0 ] || die "scale: no room for any file"
+  local dir=$WORK/scale-$n-$SCALE_CLASSES
+  if [ ! -f "$dir/complete" ]; then
+    rm -rf "$dir"
+    log "generating the scale tree ($n files in $SCALE_CLASSES classes) in $dir"
+    "$PY" "$HERE/gen.py" scale "$dir" "$n" "$SCALE_CLASSES"
+  fi
+  chmod 0755 "$dir"
+  local last deep
+  last=$(find "$dir/train" -mindepth 1 -maxdepth 1 -type d | sort | tail -1)
+  deep=${last#"$dir/"}/$(ls "$last" | sort | tail -1)
+  deep=${deep#train/}
+  "$PY" "$BIN/bench.py" scale "${common[@]}" --source "$dir/train" --deep "$deep" \
+    --n-files "$n" --rounds "$SCALE_ROUNDS" --params "N=$n classes=$SCALE_CLASSES" ||
+    log "part 2 ended with an error (partial results in $out)"
+}
+
+case $cmd in
+  default) backend_up; part_backend; part_scale ;;
+  all) backend_up; part_backend; part_levers; part_scale ;;
+  backend) backend_up; part_backend ;;
+  levers) backend_up; part_levers ;;
+  scale) part_scale ;;
+esac
+teardown
+trap - EXIT
 {
-  echo "stagefs $(git -C "$REPO" rev-parse --short HEAD), $(nproc) CPUs, $(free -g | awk '/Mem/{print $2}') GiB RAM," \
-    "kernel $(uname -r); backend rate ${RATE_MBS} MB/s, ${DELAY_MS} ms per read; $PARAMS; rounds $ROUNDS."
+  echo "Run: \`${0##*/} $cmd\`, $(date +%F), results $out"
   echo
-  python3 "$HERE/bench.py" report "$out"
+  "$PY" "$BIN/bench.py" report "$out"
 } | tee "$RESULTS/report-$stamp.md"
+log "report → $RESULTS/report-$stamp.md"
