@@ -20,6 +20,19 @@ pub enum SyncError {
         /// The destination root.
         dst: PathBuf,
     },
+    /// SRC lies inside DST and `--delete` was given: SRC itself is not in SRC's listing, so it
+    /// (and everything else in DST) would be deleted.
+    #[error(
+        "source {src} lies inside destination {dst}: with --delete that would delete the source \
+         itself and everything else in the destination; choose a destination that does not \
+         contain the source (or drop --delete)"
+    )]
+    SourceInsideDest {
+        /// The source root.
+        src: PathBuf,
+        /// The destination root.
+        dst: PathBuf,
+    },
     /// An I/O error on a root or while walking a tree.
     #[error("{op} {path}: {source}")]
     Io {
