@@ -468,7 +468,7 @@ mod tests {
         fs::remove_file(t.src.join("g")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &t.src.join("g"),
+            t.src.join("g"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,

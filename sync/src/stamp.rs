@@ -50,6 +50,8 @@ impl Stamp {
     }
 
     /// Takes the stamp of an `fstatat`/`fstat` result.
+    // The stat field types differ between architectures; the casts are no-ops on x86_64 only.
+    #[allow(clippy::unnecessary_cast)]
     pub fn from_stat(st: &rustix::fs::Stat) -> Stamp {
         Stamp {
             size: u64::try_from(st.st_size).unwrap_or(0),
