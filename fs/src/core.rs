@@ -191,7 +191,7 @@ impl FsCore {
             )
             .map_err(|e| FsError::Io(std::io::Error::other(e.to_string())))?,
         );
-        let source = Arc::new(LocalSource::new(cfg.source.clone()));
+        let source = Arc::new(LocalSource::new(cfg.source.clone())?);
         let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();

@@ -49,7 +49,7 @@ impl From<SourceError> for FsError {
     fn from(e: SourceError) -> FsError {
         match e {
             SourceError::Changed { .. } | SourceError::Gone { .. } => FsError::Stale(e),
-            SourceError::Io { .. } => FsError::Source(e),
+            SourceError::Io { .. } | SourceError::Outside { .. } => FsError::Source(e),
         }
     }
 }
@@ -71,6 +71,7 @@ impl FsError {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             FsError::Source(SourceError::Changed { .. } | SourceError::Gone { .. }) => libc::ESTALE,
+            FsError::Source(SourceError::Outside { .. }) => libc::EACCES,
             FsError::View(ViewError::NotFound(_)) => libc::ENOENT,
             FsError::View(ViewError::Corrupt { .. } | ViewError::Unsupported { .. }) => libc::EIO,
             FsError::View(ViewError::Io(e)) => e.raw_os_error().unwrap_or(libc::EIO),

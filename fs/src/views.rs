@@ -169,6 +169,7 @@ impl Views {
         let sig = Signature {
             size: view.len(),
             mtime_ns: self.generation,
+            ino: 0,
         };
         let open = Arc::new(OpenView {
             view,

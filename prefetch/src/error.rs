@@ -20,6 +20,12 @@ pub enum SourceError {
         /// Path relative to the source root.
         path: PathBuf,
     },
+    /// The path leaves the source tree (`..`, an absolute path, a symlink in a component).
+    #[error("{path} is not a path inside the source")]
+    Outside {
+        /// The offending path.
+        path: PathBuf,
+    },
     /// Any other I/O error from the source.
     #[error("reading {path} from the source: {source}")]
     Io {
@@ -43,6 +49,15 @@ pub enum CacheError {
         /// The underlying error.
         #[source]
         source: io::Error,
+    },
+    /// The cache directory exists but may not hold a private cache (symlink, other owner,
+    /// writable by others).
+    #[error("cache directory {path} {reason}; use a directory you own, e.g. under $SLURM_TMPDIR, or remove it and let stagefs create it (mode 0700)")]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// Writing a block or header failed (e.g. scratch full).
     #[error("writing the cache: {0}")]

@@ -381,15 +381,16 @@ fn read_source(
     idx: u64,
 ) -> Result<Vec<u8>, SourceError> {
     let len = block_len(sig.size, idx) as usize;
-    let mut buf = vec![0u8; len];
-    let n = shared
+    let buf = shared
         .source
-        .read_at(rel, sig, idx * BLOCK_SIZE, &mut buf)
+        .read_at(rel, sig, idx * BLOCK_SIZE, len)
         .inspect_err(|e| {
             if matches!(e, SourceError::Changed { .. } | SourceError::Gone { .. }) {
                 shared.store.invalidate(rel);
             }
         })?;
+    let n = buf.len();
+    let buf = buf.to_vec();
     if n < len {
         // Shorter than its size said: the file shrank under us.
         shared.store.invalidate(rel);

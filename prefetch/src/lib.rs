@@ -7,6 +7,7 @@
 //! else is a miss, never wrong bytes. Keeping the bytes at their own offsets (rather than one
 //! file per block) is what lets a fully staged file be handed to the kernel for FUSE passthrough.
 //!
+//! - [`cachedir`]: the private cache directory (0700/0600, owner-checked, no symlinks followed).
 //! - [`store`]: the on-disk cache (data files, headers, load at mount, flush, checksums).
 //! - [`eviction`]: the capacity limit and least-recently-used block eviction.
 //! - [`fetch`]: the fetch scheduler: demand reads on the caller's thread, prefetch and staging
@@ -16,6 +17,7 @@
 //! - [`source`]: where bytes come from, with change detection.
 //! - [`stats`]: counters behind `.stagefs/stats`.
 
+pub mod cachedir;
 pub mod error;
 pub mod eviction;
 pub mod fetch;

@@ -5,13 +5,17 @@
 //! crash leaves the old header or the new one. A block absent from the header is a miss, even if
 //! its bytes reached the data file: headers are flushed after data, never before.
 
-use std::fs;
-use std::io::{self, Write};
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cachedir::CacheDir;
 use crate::source::Signature;
+
+/// Largest header accepted at load (16 MiB: checksums of a 1 PB file would not fit, 16 TB do).
+const MAX_HEADER_BYTES: u64 = 16 << 20;
 
 /// Bumped whenever the on-disk layout changes; entries of other versions are discarded at load.
 pub const FORMAT_VERSION: u32 = 1;
@@ -34,19 +38,29 @@ pub struct EntryHeader {
 }
 
 impl EntryHeader {
-    /// Writes the header to `path` atomically (temporary file, then rename).
-    pub fn store(&self, path: &Path) -> io::Result<()> {
-        let tmp = path.with_extension("meta.tmp");
+    /// Writes the header as `name` in `dir` atomically (a new temporary file with an
+    /// unpredictable name, then rename).
+    pub fn store(&self, dir: &CacheDir, name: &str) -> io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
+        let (mut f, tmp) = dir.create_temp(name)?;
+        if let Err(e) = f.write_all(&bytes) {
+            let _ = dir.remove(&tmp);
+            return Err(e);
+        }
         drop(f);
-        fs::rename(&tmp, path)
+        dir.rename(&tmp, name)
     }
 
-    /// Reads a header; `None` if it is missing, unreadable or from another format version.
-    pub fn load(path: &Path) -> Option<EntryHeader> {
-        let bytes = fs::read(path).ok()?;
+    /// Reads the header `name` of `dir`; `None` if it is missing, unreadable, too large or from
+    /// another format version.
+    pub fn load(dir: &CacheDir, name: &OsStr) -> Option<EntryHeader> {
+        let f = dir.open_read(name).ok()?;
+        // A header lists one checksum per 1 MiB block: a few MB covers a file of terabytes.
+        if f.metadata().ok()?.len() > MAX_HEADER_BYTES {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        f.take(MAX_HEADER_BYTES).read_to_end(&mut bytes).ok()?;
         let header: EntryHeader = serde_json::from_slice(&bytes).ok()?;
         (header.format == FORMAT_VERSION && header.block_size == crate::BLOCK_SIZE)
             .then_some(header)

@@ -7,12 +7,15 @@
 //! correctness. Loading reads only the headers: no scan of block data at mount time.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io;
 use std::num::NonZeroUsize;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use crate::cachedir::CacheDir;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +54,14 @@ struct Entry {
     last_used: u64,
 }
 
+impl Entry {
+    /// Whether this entry was stored for `rel`: a 64-bit key hash is not identity, and a
+    /// colliding (or planted) entry must never serve another file's bytes.
+    fn is_for(&self, rel: &Path) -> bool {
+        rel.to_str() == Some(self.path.as_str())
+    }
+}
+
 struct Inner {
     entries: HashMap<u64, Entry>,
     evict: Eviction,
@@ -59,7 +70,7 @@ struct Inner {
 
 /// The scratch cache.
 pub struct CacheStore {
-    root: PathBuf,
+    root: CacheDir,
     inner: Mutex<Inner>,
     stats: Arc<Stats>,
     seq: AtomicU64,
@@ -70,15 +81,10 @@ pub struct CacheStore {
 impl CacheStore {
     /// Opens (or creates) the cache in `cfg.dir`, loading the headers of a previous mount.
     pub fn open(cfg: &StoreConfig, stats: Arc<Stats>) -> Result<CacheStore, CacheError> {
-        let root = cfg.dir.join(format!("v{FORMAT_VERSION}"));
-        fs::create_dir_all(&root).map_err(|source| CacheError::Dir {
-            path: root.clone(),
-            source,
-        })?;
+        let root = CacheDir::open(&cfg.dir)?.subdir(&format!("v{FORMAT_VERSION}"))?;
         // Fail now, with the directory's name, rather than on the first block write.
-        let probe = root.join(".probe");
-        File::create(&probe)
-            .and_then(|_| fs::remove_file(&probe))
+        root.create_temp(".probe")
+            .and_then(|(_, name)| root.remove(name))
             .map_err(|source| CacheError::Dir {
                 path: cfg.dir.clone(),
                 source,
@@ -100,30 +106,34 @@ impl CacheStore {
         Ok(store)
     }
 
-    fn paths(&self, key: u64) -> (PathBuf, PathBuf) {
-        let dir = self.root.join(format!("{:02x}", key & 0xff));
-        (
-            dir.join(format!("{key:016x}.data")),
-            dir.join(format!("{key:016x}.meta")),
-        )
+    /// The fan-out directory of `key` and the names of its data file and header in it.
+    fn paths(&self, key: u64) -> io::Result<(CacheDir, String, String)> {
+        let dir = self
+            .root
+            .subdir(&format!("{:02x}", key & 0xff))
+            .map_err(io::Error::other)?;
+        Ok((dir, format!("{key:016x}.data"), format!("{key:016x}.meta")))
     }
 
     /// Loads every header left by earlier mounts; drops headers without data and stale formats.
     fn load(&self) {
         let mut headers = Vec::new();
-        let Ok(dirs) = fs::read_dir(&self.root) else {
+        let Ok(dirs) = self.root.list() else {
             return;
         };
-        for dir in dirs.flatten() {
-            let Ok(files) = fs::read_dir(dir.path()) else {
+        for bucket in dirs {
+            let Some(dir) = bucket.to_str().and_then(|b| self.root.subdir(b).ok()) else {
                 continue;
             };
-            for f in files.flatten() {
-                let p = f.path();
+            let Ok(files) = dir.list() else {
+                continue;
+            };
+            for name in files {
+                let p = Path::new(&name);
                 match p.extension().and_then(|e| e.to_str()) {
                     Some("meta") => {}
                     Some("tmp") => {
-                        let _ = fs::remove_file(&p);
+                        let _ = dir.remove(&name);
                         continue;
                     }
                     _ => continue,
@@ -133,11 +143,11 @@ impl CacheStore {
                     .file_stem()
                     .and_then(|s| s.to_str())
                     .and_then(|s| u64::from_str_radix(s, 16).ok());
-                match (key, EntryHeader::load(&p)) {
-                    (Some(key), Some(h)) if data.exists() => headers.push((key, h)),
+                match (key, EntryHeader::load(&dir, &name)) {
+                    (Some(key), Some(h)) if dir.exists(&data) => headers.push((key, h)),
                     _ => {
-                        let _ = fs::remove_file(&p);
-                        let _ = fs::remove_file(&data);
+                        let _ = dir.remove(&name);
+                        let _ = dir.remove(&data);
                     }
                 }
             }
@@ -203,10 +213,9 @@ impl CacheStore {
     pub fn contains(&self, rel: &Path, sig: Signature, idx: u64) -> bool {
         let key = path_key(rel);
         let inner = lock(&self.inner);
-        inner
-            .entries
-            .get(&key)
-            .is_some_and(|e| e.sig == sig && e.crcs.get(idx as usize).is_some_and(Option::is_some))
+        inner.entries.get(&key).is_some_and(|e| {
+            e.sig == sig && e.is_for(rel) && e.crcs.get(idx as usize).is_some_and(Option::is_some)
+        })
     }
 
     /// Whether every block of `rel` (with contents `sig`) is cached.
@@ -216,7 +225,7 @@ impl CacheStore {
         inner
             .entries
             .get(&key)
-            .is_some_and(|e| e.sig == sig && e.present == block_count(sig.size))
+            .is_some_and(|e| e.sig == sig && e.is_for(rel) && e.present == block_count(sig.size))
     }
 
     /// Reads block `idx` into `buf` (at least the block's length) if it is cached and its
@@ -234,7 +243,7 @@ impl CacheStore {
             let mut inner = lock(&self.inner);
             let seq = self.seq.fetch_add(1, Relaxed);
             let e = inner.entries.get_mut(&key)?;
-            if e.sig != sig {
+            if e.sig != sig || !e.is_for(rel) {
                 return None;
             }
             let crc = (*e.crcs.get(idx as usize)?)?;
@@ -281,7 +290,7 @@ impl CacheStore {
             let stale = inner
                 .entries
                 .get(&key)
-                .is_some_and(|e| e.sig != sig || e.path != rel.to_string_lossy());
+                .is_some_and(|e| e.sig != sig || !e.is_for(rel));
             if stale {
                 self.remove_entry(&mut inner, key);
             }
@@ -369,16 +378,8 @@ impl CacheStore {
         if let Some(f) = lock(&self.open).get(&key) {
             return Ok(f.clone());
         }
-        let (data, _) = self.paths(key);
-        if let Some(dir) = data.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&data)?;
+        let (dir, data, _) = self.paths(key)?;
+        let f = dir.open_rw(&data, true)?;
         if f.metadata()?.len() != e.sig.size {
             f.set_len(e.sig.size)?;
         }
@@ -428,9 +429,10 @@ impl CacheStore {
         }
         // A later entry under this key must not write into the unlinked file.
         lock(&self.open).pop(&key);
-        let (data, meta) = self.paths(key);
-        let _ = fs::remove_file(meta);
-        let _ = fs::remove_file(data);
+        if let Ok((dir, data, meta)) = self.paths(key) {
+            let _ = dir.remove(meta);
+            let _ = dir.remove(data);
+        }
     }
 
     /// Drops everything cached for `rel` (its source changed or vanished).
@@ -450,7 +452,7 @@ impl CacheStore {
         let (file, crcs, verified) = {
             let mut inner = lock(&self.inner);
             let e = inner.entries.get_mut(&key)?;
-            if e.sig != sig || e.present != block_count(sig.size) {
+            if e.sig != sig || !e.is_for(rel) || e.present != block_count(sig.size) {
                 return None;
             }
             let file = self.data_file(e, key).ok()?;
@@ -479,11 +481,13 @@ impl CacheStore {
                 e.verified = true;
             }
         }
-        let (data, _) = self.paths(key);
-        File::open(data).ok().or_else(|| {
-            self.unpin(rel);
-            None
-        })
+        self.paths(key)
+            .and_then(|(dir, data, _)| dir.open_read(OsStr::new(&data)))
+            .ok()
+            .or_else(|| {
+                self.unpin(rel);
+                None
+            })
     }
 
     /// Releases one pin taken by [`pin_complete`](Self::pin_complete).
@@ -527,8 +531,10 @@ impl CacheStore {
         };
         let mut result = Ok(());
         for (key, h) in dirty {
-            let (_, meta) = self.paths(key);
-            if let Err(e) = h.store(&meta) {
+            let stored = self
+                .paths(key)
+                .and_then(|(dir, _, meta)| h.store(&dir, &meta));
+            if let Err(e) = stored {
                 warn!(error = %e, "writing a cache header failed");
                 if let Some(entry) = lock(&self.inner).entries.get_mut(&key) {
                     entry.dirty = true;

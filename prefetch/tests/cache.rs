@@ -16,7 +16,11 @@ use stagefs_prefetch::{
 const MB: u64 = BLOCK_SIZE;
 
 fn sig(size: u64, mtime_ns: i64) -> Signature {
-    Signature { size, mtime_ns }
+    Signature {
+        size,
+        mtime_ns,
+        ino: 0,
+    }
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -250,13 +254,22 @@ struct TestSource {
 }
 
 impl Source for TestSource {
+    fn stat(&self, rel: &Path) -> Result<stagefs_prefetch::source::Meta, SourceError> {
+        self.inner.stat(rel)
+    }
+    fn read_dir(&self, rel: &Path) -> Result<Vec<stagefs_prefetch::source::DirName>, SourceError> {
+        self.inner.read_dir(rel)
+    }
+    fn readlink(&self, rel: &Path) -> Result<Vec<u8>, SourceError> {
+        self.inner.readlink(rel)
+    }
     fn read_at(
         &self,
         rel: &Path,
         sig: Signature,
         offset: u64,
-        buf: &mut [u8],
-    ) -> Result<usize, SourceError> {
+        buf: usize,
+    ) -> Result<bytes::Bytes, SourceError> {
         self.reads.fetch_add(1, SeqCst);
         std::thread::sleep(self.delay);
         if self.fail.load(SeqCst) {
@@ -286,7 +299,7 @@ fn setup(
     fs::write(src.join("f"), &data).unwrap();
     let sg = Signature::of(&fs::metadata(src.join("f")).unwrap());
     let source = Arc::new(TestSource {
-        inner: LocalSource::new(&src),
+        inner: LocalSource::new(&src).unwrap(),
         reads: AtomicUsize::new(0),
         delay: Duration::from_millis(delay_ms),
         fail: AtomicBool::new(false),

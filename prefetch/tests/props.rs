@@ -35,6 +35,7 @@ fn sig(file: u8, version: u8) -> Signature {
     Signature {
         size,
         mtime_ns: i64::from(version) + 1,
+        ino: 0,
     }
 }
 

@@ -27,6 +27,7 @@ fn regression_many_small_files_do_not_exhaust_descriptors() {
     let sig = Signature {
         size: 100,
         mtime_ns: 1,
+        ino: 0,
     };
     let mut buf = vec![0u8; 1 << 20];
     for i in 0..3 * OPEN_DATA_FILES {

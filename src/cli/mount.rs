@@ -17,7 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use stagefs_fs::mount::{mount, MountOptions};
 use stagefs_fs::{FsConfig, FsCore};
+use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::FetchConfig;
+
+/// The daemon's log, inside the (private) cache directory.
+const LOG_FILE: &str = "stagefs.log";
 
 /// Arguments of `stagefs mount`.
 #[derive(clap::Args, Debug)]
@@ -138,12 +142,18 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
             args.mountpoint.display()
         );
     }
-    fs::create_dir_all(&args.cache)
-        .with_context(|| format!("cannot create cache directory {}", args.cache.display()))?;
-    let probe = args.cache.join(".stagefs-write-test");
-    fs::write(&probe, b"").and_then(|_| fs::remove_file(&probe)).with_context(|| {
-        format!("cache directory {} is not writable (choose a directory on node-local scratch you own)", args.cache.display())
-    })?;
+    // Created 0700 if missing; refused if another user owns it, others may write it, or it is
+    // a symlink (a pre-created cache on a shared /tmp would let them read or steer ours).
+    let cache = CacheDir::open(&args.cache)?;
+    cache
+        .create_temp(".stagefs-write-test")
+        .and_then(|(_, name)| cache.remove(name))
+        .with_context(|| {
+            format!(
+                "cache directory {} is not writable (choose a directory on node-local scratch you own)",
+                args.cache.display()
+            )
+        })?;
     if fs::canonicalize(&args.cache)
         .ok()
         .zip(fs::canonicalize(&args.mountpoint).ok())
@@ -240,11 +250,9 @@ fn daemonize(args: &Args) -> anyhow::Result<i32> {
     }
     // SAFETY: both descriptors were just created and are owned here alone.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let log_path = args.cache.join("stagefs.log");
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
+    let log_path = args.cache.join(LOG_FILE);
+    let log = CacheDir::open(&args.cache)?
+        .open_append(LOG_FILE)
         .with_context(|| format!("opening log {}", log_path.display()))?;
     let exe = std::env::current_exe().context("locating the stagefs binary")?;
     let mut cmd = Command::new(exe);
@@ -279,7 +287,16 @@ fn daemonize(args: &Args) -> anyhow::Result<i32> {
         .filter(|s| !s.is_empty())
         .map(String::from)
         .unwrap_or_else(|| {
-            let log = fs::read_to_string(&log_path).unwrap_or_default();
+            let log = CacheDir::open(&args.cache)
+                .ok()
+                .and_then(|d| d.open_read(LOG_FILE).ok())
+                .map(|f| {
+                    let mut s = String::new();
+                    let _ =
+                        std::io::Read::read_to_string(&mut std::io::Read::take(f, 1 << 20), &mut s);
+                    s
+                })
+                .unwrap_or_default();
             let tail: Vec<_> = log.lines().rev().take(5).collect();
             format!(
                 "the daemon exited ({status:?}); last log lines:\n{}",

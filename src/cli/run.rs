@@ -7,6 +7,7 @@
 //! depends only on the mount's command-line contract.
 
 use anyhow::{bail, Context};
+use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_sync::signals;
 use stagefs_sync::supervise::{Event, Supervised};
 use stagefs_sync::{SyncOptions, Syncer};
@@ -30,9 +31,10 @@ const RUN_HELP: &str = concat!(
     "In an sbatch script, start it with `exec stagefs run ...`: with `--signal=B:...` SLURM signals\n",
     "only the batch shell, and `exec` makes stagefs that shell.\n",
     "\n",
-    "The cache of a mount without CACHE is `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp`, followed\n",
-    "by `/stagefs-cache-<hash of SRC>`: on node-local scratch, and the same for the same SRC so\n",
-    "a later job on the node reuses it.\n",
+    "The cache of a mount without CACHE is `stagefs-cache-<hash of SRC>` in the job's private\n",
+    "scratch: `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp` when that directory is yours and closed\n",
+    "to others; otherwise inside a per-user directory `stagefs-<uid>` there (created 0700; refused\n",
+    "if another user made it). Caches are private (0700/0600) and a later job reuses them.\n",
 );
 
 /// Run a job step: mount inputs, run CMD, and bring its outputs home safely.
@@ -88,7 +90,7 @@ fn parse_mount(spec: &str) -> anyhow::Result<MountSpec> {
     let src = PathBuf::from(src);
     let cache = match cache {
         Some(c) => PathBuf::from(c),
-        None => default_cache(&src),
+        None => default_cache(&src)?,
     };
     Ok(MountSpec {
         src,
@@ -115,18 +117,43 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-fn default_cache(src: &Path) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
+/// The default cache of a mount: on the job's private scratch, never at a predictable name in
+/// a directory others can write. `$SLURM_TMPDIR` (else `$TMPDIR`, else `/tmp`) is used as is
+/// when it is ours and closed to others; otherwise a per-user directory inside it
+/// (`stagefs-<uid>`, created 0700, refused if anyone else made it) holds the caches.
+fn default_cache(src: &Path) -> anyhow::Result<PathBuf> {
     let base = ["SLURM_TMPDIR", "TMPDIR"]
         .iter()
         .find_map(|v| std::env::var_os(v).filter(|s| !s.is_empty()))
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
+    default_cache_in(base, src)
+}
+
+fn default_cache_in(base: PathBuf, src: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let private = std::fs::symlink_metadata(&base)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0);
+    let base = if private {
+        base
+    } else {
+        let mine = base.join(format!("stagefs-{uid}"));
+        CacheDir::open(&mine).with_context(|| {
+            format!(
+                "the default cache lives in {}: give --mount SRC:MNT:CACHE with a directory of yours",
+                mine.display()
+            )
+        })?;
+        mine
+    };
     let abs = std::path::absolute(src).unwrap_or_else(|_| src.to_path_buf());
-    base.join(format!(
+    Ok(base.join(format!(
         "stagefs-cache-{:016x}",
         fnv1a(abs.as_os_str().as_bytes())
-    ))
+    )))
 }
 
 /// Runs `stagefs run`; returns the process exit code.
@@ -322,8 +349,7 @@ fn sync_pair(syncer: &Syncer, s: &SyncSpec, why: &str) -> bool {
 fn mount(exe: &Path, m: &MountSpec) -> anyhow::Result<()> {
     std::fs::create_dir_all(&m.mnt)
         .with_context(|| format!("creating mount point {}", m.mnt.display()))?;
-    std::fs::create_dir_all(&m.cache)
-        .with_context(|| format!("creating cache directory {}", m.cache.display()))?;
+    // `stagefs mount` creates the cache (0700) and refuses one that is not private.
     let status = Command::new(exe)
         .arg("mount")
         .arg(&m.src)
@@ -377,6 +403,51 @@ mod tests {
         assert!(parse_sync("a:b").is_ok());
         assert!(parse_sync("a").is_err());
         assert!(parse_sync(":b").is_err());
+    }
+
+    #[test]
+    fn default_cache_is_never_a_predictable_name_in_a_shared_dir() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("tmp");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let c = default_cache_in(shared.clone(), Path::new("/bigdata/x")).unwrap();
+        let parent = c.parent().unwrap();
+        assert_ne!(
+            parent,
+            shared,
+            "cache directly in a world-writable dir: {}",
+            c.display()
+        );
+        let m = std::fs::symlink_metadata(parent).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o700);
+        // A private base (ours, closed to others) is used as is.
+        let private = tmp.path().join("job");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let c = default_cache_in(private.clone(), Path::new("/bigdata/x")).unwrap();
+        assert_eq!(c.parent().unwrap(), private);
+    }
+
+    #[test]
+    fn default_cache_dir_precreated_by_another_user_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (to create a directory owned by another user)");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("tmp");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let planted = shared.join("stagefs-0");
+        std::fs::create_dir(&planted).unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
+        let e = default_cache_in(shared, Path::new("/bigdata/x")).unwrap_err();
+        assert!(format!("{e:#}").contains("not by you"), "{e:#}");
     }
 
     #[test]

@@ -1,0 +1,336 @@
+//! The cache directory on scratch: private to its user, and never steered by anyone else.
+//!
+//! Scratch directories on shared nodes (`/tmp`, `/scratch`) are writable by other users, who can
+//! pre-create a directory a victim will use and fill it with symlinks or forged files. So:
+//! - the directory is created `0700` and every file in it `0600` (whatever the umask);
+//! - an existing directory is accepted only if it is a real directory (not a symlink), owned by
+//!   the effective user, and not writable by group or others; otherwise it is refused with a
+//!   message that says why and what to do;
+//! - everything inside is reached relative to the directory's descriptor (`openat` and friends)
+//!   with `O_NOFOLLOW`, new files with `O_EXCL`, temporaries with unpredictable names — so a
+//!   symlink planted inside, or a rename of a path component, cannot redirect a single write.
+//!
+//! Nothing here trusts the contents of the directory for security: it is private, and the cache
+//! still checksums everything it reads back.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+use crate::error::CacheError;
+
+/// Mode of directories the cache creates.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of files the cache creates.
+pub const FILE_MODE: u32 = 0o600;
+
+/// An open, checked, private directory.
+#[derive(Debug)]
+pub struct CacheDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Why an existing directory may not hold a private cache, or `None` if it may.
+fn refusal(st: &rustix::fs::Stat) -> Option<String> {
+    let ft = FileType::from_raw_mode(st.st_mode);
+    if ft != FileType::Directory {
+        return Some("is not a directory".into());
+    }
+    if st.st_uid != euid() {
+        return Some(format!(
+            "is owned by uid {}, not by you (uid {}): another user may have created it to read \
+             or steer your cache",
+            st.st_uid,
+            euid()
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Some(format!(
+            "is writable by group or others (mode {:o})",
+            st.st_mode & 0o7777
+        ));
+    }
+    None
+}
+
+impl CacheDir {
+    /// Opens the private directory `path`, creating it (and missing parents) with mode `0700`.
+    /// Refuses a path that is a symlink, not owned by the user, or group/world-writable.
+    pub fn open(path: &Path) -> Result<CacheDir, CacheError> {
+        let err = |reason: String| CacheError::Unsafe {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let io_err = |source: io::Error| CacheError::Dir {
+            path: path.to_path_buf(),
+            source,
+        };
+        if std::fs::symlink_metadata(path).is_err() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(path)
+                .map_err(io_err)?;
+        }
+        // O_NOFOLLOW on the last component: a symlink planted at the cache's own path is refused.
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                err("is a symlink or not a directory".into())
+            }
+            e => io_err(e.into()),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_err(e.into()))?;
+        if let Some(reason) = refusal(&st) {
+            return Err(err(reason));
+        }
+        Ok(CacheDir {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The directory's path (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory's descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Opens (creating `0700` if missing) the private subdirectory `name`, with the same checks.
+    pub fn subdir(&self, name: &str) -> Result<CacheDir, CacheError> {
+        let path = self.path.join(name);
+        let io_err = |source: io::Error| CacheError::Dir {
+            path: path.clone(),
+            source,
+        };
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(DIR_MODE)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(io_err(e.into())),
+        }
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => CacheError::Unsafe {
+                path: path.clone(),
+                reason: "is a symlink or not a directory".into(),
+            },
+            e => io_err(e.into()),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_err(e.into()))?;
+        if let Some(reason) = refusal(&st) {
+            return Err(CacheError::Unsafe { path, reason });
+        }
+        Ok(CacheDir { fd, path })
+    }
+
+    fn check_file(fd: &OwnedFd) -> io::Result<()> {
+        let st = rustix::fs::fstat(fd)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_uid != euid() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "not a regular file owned by this user",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens the existing regular file `name` for reading (never through a symlink).
+    pub fn open_read(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name.as_ref(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )?;
+        Self::check_file(&fd)?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens `name` for reading and writing, creating it `0600` if `create` (never through a
+    /// symlink; an existing file must be a regular file owned by the user).
+    pub fn open_rw(&self, name: impl AsRef<OsStr>, create: bool) -> io::Result<File> {
+        let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        if create {
+            flags |= OFlags::CREATE;
+        }
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name.as_ref(),
+            flags,
+            Mode::from_raw_mode(FILE_MODE),
+        )?;
+        Self::check_file(&fd)?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens `name` for appending, creating it `0600` if missing (the daemon's log).
+    pub fn open_append(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name.as_ref(),
+            OFlags::WRONLY
+                | OFlags::APPEND
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::CLOEXEC
+                | OFlags::NONBLOCK,
+            Mode::from_raw_mode(FILE_MODE),
+        )?;
+        Self::check_file(&fd)?;
+        Ok(File::from(fd))
+    }
+
+    /// Creates a new temporary file `0600` under an unpredictable name starting with `prefix`
+    /// (`O_EXCL`: it cannot be a file someone else made). Returns the file and its name.
+    pub fn create_temp(&self, prefix: &str) -> io::Result<(File, OsString)> {
+        for _ in 0..16 {
+            let name = OsString::from(format!("{prefix}.{:016x}.tmp", random_u64()?));
+            match rustix::fs::openat(
+                &self.fd,
+                &name,
+                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(FILE_MODE),
+            ) {
+                Ok(fd) => return Ok((File::from(fd), name)),
+                Err(rustix::io::Errno::EXIST) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "no free temporary name after 16 tries",
+        ))
+    }
+
+    /// Renames `from` to `to` inside this directory (atomically replacing `to`).
+    pub fn rename(&self, from: impl AsRef<OsStr>, to: impl AsRef<OsStr>) -> io::Result<()> {
+        Ok(rustix::fs::renameat(
+            &self.fd,
+            from.as_ref(),
+            &self.fd,
+            to.as_ref(),
+        )?)
+    }
+
+    /// Removes the file `name` (a missing file is not an error).
+    pub fn remove(&self, name: impl AsRef<OsStr>) -> io::Result<()> {
+        match rustix::fs::unlinkat(&self.fd, name.as_ref(), AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether `name` exists (as anything; symlinks are not followed).
+    pub fn exists(&self, name: impl AsRef<OsStr>) -> bool {
+        rustix::fs::statat(&self.fd, name.as_ref(), AtFlags::SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// Names in the directory (without `.` and `..`).
+    pub fn list(&self) -> io::Result<Vec<OsString>> {
+        let dir = rustix::fs::Dir::read_from(&self.fd)?;
+        let mut out = Vec::new();
+        for e in dir {
+            let e = e?;
+            let name = e.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                out.push(OsStr::from_bytes(name).to_os_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Flushes the directory itself (after renames), so they survive a crash of the node.
+    pub fn sync(&self) -> io::Result<()> {
+        Ok(rustix::fs::fsync(&self.fd)?)
+    }
+}
+
+/// 64 unpredictable bits from the kernel.
+pub fn random_u64() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())?;
+    Ok(u64::from_ne_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    #[test]
+    fn created_private_whatever_the_umask() {
+        let tmp = tempfile::tempdir().unwrap();
+        // SAFETY: umask only changes this process's file-creation mask.
+        let old = unsafe { libc::umask(0) };
+        let dir = CacheDir::open(&tmp.path().join("a/b/cache"));
+        // SAFETY: as above, restoring the previous mask.
+        unsafe { libc::umask(old) };
+        let dir = dir.unwrap();
+        let meta = std::fs::metadata(tmp.path().join("a/b/cache")).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        let (f, name) = dir.create_temp("x").unwrap();
+        drop(f);
+        let meta = std::fs::metadata(dir.path().join(&name)).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        let sub = dir.subdir("s").unwrap();
+        let meta = std::fs::metadata(sub.path()).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn cache_dir_writable_by_others_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("c");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = CacheDir::open(&p).unwrap_err().to_string();
+        assert!(e.contains("writable by group or others"), "{e}");
+    }
+
+    #[test]
+    fn cache_dir_that_is_a_symlink_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("real")).unwrap();
+        std::os::unix::fs::symlink("real", tmp.path().join("link")).unwrap();
+        let e = CacheDir::open(&tmp.path().join("link"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn planted_symlink_inside_is_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("stagefs.log")).unwrap();
+        assert!(dir.open_append("stagefs.log").is_err());
+        assert!(dir.open_rw("stagefs.log", true).is_err());
+        assert!(dir.open_read("stagefs.log").is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    }
+}

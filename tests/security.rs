@@ -1,0 +1,209 @@
+//! Regression tests for the cache-directory findings of the hardening audit, as two real
+//! unprivileged users: `stagefs-test` (the victim, who mounts) and `stagefs-test2` (another user
+//! on the same node, who tries to read or steer the victim's cache). Needs root (to switch users)
+//! and both accounts (`.ci/run` creates them); skipped with a visible line otherwise.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{is_root, BIN};
+
+const VICTIM: &str = "stagefs-test";
+const OTHER: &str = "stagefs-test2";
+
+fn uid_of(user: &str) -> Option<u32> {
+    let out = Command::new("id").arg("-u").arg(user).output().ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// The two accounts, or `None` (after printing why) when this machine cannot run the test.
+fn users() -> Option<(u32, u32)> {
+    if !is_root() {
+        eprintln!("skipped: needs root to act as two users");
+        return None;
+    }
+    match (uid_of(VICTIM), uid_of(OTHER)) {
+        (Some(v), Some(o)) => Some((v, o)),
+        _ => {
+            eprintln!("skipped: needs the accounts {VICTIM} and {OTHER} (see .ci/run)");
+            None
+        }
+    }
+}
+
+/// `cmd args...` as `uid` (its own group, no supplementary groups, umask 000 so that only
+/// stagefs's own modes protect its files).
+fn as_user(uid: u32, envs: &[(&str, &Path)], cmd: &str, args: &[&str]) -> Output {
+    let script = String::from("umask 000; exec \"$@\"");
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+        "sh".into(),
+        "-c".into(),
+        script,
+        "sh".into(),
+        cmd.into(),
+    ])
+    .args(args)
+    .env_remove("SLURM_TMPDIR")
+    .env_remove("TMPDIR");
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A world-writable sticky directory like /tmp, plus a dataset and a mountpoint of the victim.
+struct Node {
+    _tmp: tempfile::TempDir,
+    shared: PathBuf,
+    home: PathBuf,
+}
+
+fn node(victim: u32) -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = tmp.path().join("tmp");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let home = tmp.path().join("home");
+    fs::create_dir_all(home.join("src/d")).unwrap();
+    fs::create_dir_all(home.join("mnt")).unwrap();
+    fs::write(home.join("src/d/data.bin"), common::pattern(7, 300_000)).unwrap();
+    fs::write(home.join(".bashrc"), b"# the victim's dotfile\n").unwrap();
+    for p in ["", "src", "src/d", "src/d/data.bin", "mnt", ".bashrc"] {
+        std::os::unix::fs::chown(home.join(p), Some(victim), Some(victim)).unwrap();
+    }
+    fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).unwrap();
+    Node {
+        _tmp: tmp,
+        shared,
+        home,
+    }
+}
+
+/// Another user plants a cache directory (mode 0777) full of symlinks into the victim's files.
+fn plant(other: u32, dir: &Path, victim_file: &Path) {
+    fs::create_dir_all(dir.join("v1/00")).unwrap();
+    for name in [".stagefs-write-test", "stagefs.log"] {
+        std::os::unix::fs::symlink(victim_file, dir.join(name)).unwrap();
+    }
+    std::os::unix::fs::symlink(victim_file, dir.join("v1/00/0000000000000000.data")).unwrap();
+    for p in [dir.to_path_buf(), dir.join("v1"), dir.join("v1/00")] {
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::chown(&p, Some(other), Some(other)).unwrap();
+    }
+}
+
+#[test]
+fn cache_dir_owned_by_other_user_is_refused() {
+    let Some((victim, other)) = users() else {
+        return;
+    };
+    let n = node(victim);
+    let planted = n.shared.join("cache");
+    plant(other, &planted, &n.home.join(".bashrc"));
+    let (src, mnt) = (n.home.join("src"), n.home.join("mnt"));
+    let out = as_user(
+        victim,
+        &[],
+        BIN,
+        &[
+            "mount",
+            src.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--cache",
+            planted.to_str().unwrap(),
+        ],
+    );
+    let msg = text(&out);
+    assert!(!out.status.success(), "mounted on a planted cache: {msg}");
+    assert!(msg.contains("not by you"), "message says why: {msg}");
+    assert_eq!(
+        fs::read(n.home.join(".bashrc")).unwrap(),
+        b"# the victim's dotfile\n",
+        "the victim's file was written through a planted symlink"
+    );
+}
+
+#[test]
+fn run_default_cache_ignores_a_planted_predictable_dir() {
+    let Some((victim, other)) = users() else {
+        return;
+    };
+    let n = node(victim);
+    // The name turn 1 used: TMPDIR/stagefs-cache-<hash of SRC> (planted for any hash: every
+    // name the victim could pick in the shared dir directly is refused or unused anyway).
+    let src = n.home.join("src");
+    let mnt = n.home.join("mnt");
+    let spec = format!("{}:{}", src.display(), mnt.display());
+    let read = format!(
+        "cmp {}/d/data.bin {}/d/data.bin",
+        src.display(),
+        mnt.display()
+    );
+    let out = as_user(
+        victim,
+        &[("TMPDIR", &n.shared)],
+        BIN,
+        &["run", "--mount", &spec, "--", "sh", "-c", &read],
+    );
+    assert!(out.status.success(), "run failed: {}", text(&out));
+    // The cache went into a private per-user directory, 0700, owned by the victim.
+    let private = n.shared.join(format!("stagefs-{victim}"));
+    let m = fs::symlink_metadata(&private).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (victim, 0o700));
+    // And every file the cache made is private whatever the umask (000 here).
+    let mut stack = vec![private.clone()];
+    let mut seen = 0;
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            let want = if m.is_dir() { 0o700 } else { 0o600 };
+            assert_eq!(m.mode() & 0o777, want, "mode of {}", e.path().display());
+            assert_eq!(m.uid(), victim);
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            seen += 1;
+        }
+    }
+    assert!(seen > 2, "the cache holds files");
+    // If the other user squats the per-user directory, the victim is refused, clearly.
+    let n2 = node(victim);
+    let squat = n2.shared.join(format!("stagefs-{victim}"));
+    plant(other, &squat, &n2.home.join(".bashrc"));
+    let spec = format!(
+        "{}:{}",
+        n2.home.join("src").display(),
+        n2.home.join("mnt").display()
+    );
+    let out = as_user(
+        victim,
+        &[("TMPDIR", &n2.shared)],
+        BIN,
+        &["run", "--mount", &spec, "--", "true"],
+    );
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not by you"), "{}", text(&out));
+    assert_eq!(
+        fs::read(n2.home.join(".bashrc")).unwrap(),
+        b"# the victim's dotfile\n"
+    );
+}
