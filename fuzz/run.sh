@@ -45,8 +45,10 @@ run() {
   [ -x "$BIN/$t" ] || build
   [ -d "corpus/$t" ] || seeds
   mkdir -p "artifacts/$t"
+  # timeout is wall-clock seconds: generous, for a loaded shared machine (a unit that needs
+  # seconds of CPU is reported as slow anyway).
   # rss limit: the renderer may legitimately hold a 2^28-pixel image (768 MiB) plus its resize.
-  "$BIN/$t" "corpus/$t" -max_len="$(max_len "$t")" -timeout=20 -rss_limit_mb=3072 \
+  "$BIN/$t" "corpus/$t" -max_len="$(max_len "$t")" -timeout=120 -rss_limit_mb=3072 \
     -artifact_prefix="artifacts/$t/" -print_final_stats=1 "$@"
 }
 

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use stagefs_clean::read::{csv_chunks, decode_csv, open_input, unify_schemas, Kind, Span};
 use stagefs_clean::BadRows;
+use stagefs_fuzz::count_only_escaping_panics;
 
 /// Bytes per chunk: small, so that inputs of a few hundred bytes are cut several times.
 const CHUNK: usize = 64;
@@ -26,7 +27,7 @@ fn scratch() -> &'static PathBuf {
     })
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     // Parquet input is the footer reader's business, not the CSV reader's.
     if data.starts_with(b"PAR1") {
         return;

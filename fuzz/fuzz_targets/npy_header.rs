@@ -3,9 +3,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use stagefs_fuzz::count_only_escaping_panics;
 use stagefs_npy::NpyHeader;
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     if let Ok((header, offset)) = NpyHeader::parse(data) {
         assert!(offset <= data.len(), "data offset {offset} past the input");
         // NumPy allows 64 dimensions; the encoder's u16 length field is sized for that.

@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use stagefs_fuzz::{read_view, MemSource};
+use stagefs_fuzz::{count_only_escaping_panics, read_view, MemSource};
 use stagefs_views::table::Table;
 use stagefs_views::TableFormat;
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     let src = Arc::new(MemSource {
         name: "t.parquet",
         data: data.to_vec(),
