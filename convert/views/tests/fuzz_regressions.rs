@@ -54,8 +54,12 @@ fn read_everything(bytes: &[u8]) -> Vec<ViewError> {
 }
 
 fn corpus(name: &str) -> Vec<u8> {
-    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-corpus").join(name))
-        .unwrap()
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fuzz-corpus")
+            .join(name),
+    )
+    .unwrap()
 }
 
 /// A footer whose column chunk has a negative start or length: parquet's
@@ -65,7 +69,9 @@ fn parquet_negative_column_range_fails_view_not_process() {
     let errors = read_everything(&corpus("parquet_negative_column_range.parquet"));
     assert!(!errors.is_empty(), "a corrupt footer read without error");
     assert!(
-        errors.iter().all(|e| matches!(e, ViewError::Corrupt { .. })),
+        errors
+            .iter()
+            .all(|e| matches!(e, ViewError::Corrupt { .. })),
         "{errors:?}"
     );
 }
@@ -75,9 +81,14 @@ fn parquet_negative_column_range_fails_view_not_process() {
 #[test]
 fn parquet_dictionary_page_missing_fails_view_not_process() {
     let errors = read_everything(&corpus("parquet_dictionary_page_missing.parquet"));
-    assert!(!errors.is_empty(), "a corrupt column chunk read without error");
     assert!(
-        errors.iter().all(|e| matches!(e, ViewError::Corrupt { .. })),
+        !errors.is_empty(),
+        "a corrupt column chunk read without error"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e, ViewError::Corrupt { .. })),
         "{errors:?}"
     );
 }
