@@ -33,8 +33,9 @@ pub enum SyncError {
         /// The destination root.
         dst: PathBuf,
     },
-    /// An I/O error on a root or while walking a tree.
-    #[error("{op} {path}: {source}")]
+    /// An I/O error on a root or while walking a tree. (The cause is the error's source, not
+    /// part of its text: the CLI prints the chain, which otherwise named it twice.)
+    #[error("{op} {path}")]
     Io {
         /// What was being done.
         op: &'static str,
