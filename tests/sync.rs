@@ -474,38 +474,51 @@ fn sync_keeps_live_temporaries_of_another_node() {
         eprintln!("skipped the concurrent part: unshare --pid needs root");
         return;
     }
-    let run = || {
+    let run = |jobs: &str| {
         Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc"])
             .arg(BIN)
             .arg("sync")
             .arg(&src)
             .arg(&dst)
-            .args(["-q", "-j", "4"])
+            .args(["-q", "-j", jobs])
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };
-    for round in 0..3u8 {
+    const SIZE: usize = 32 << 20;
+    for round in 0..2u8 {
         // New versions of every file, so that both passes copy all of them.
-        for i in 0..20u8 {
-            let p = src.join(format!("f{i}"));
-            std::fs::write(&p, vec![i ^ round; 2 << 20]).unwrap();
+        for i in 0..4u8 {
+            let p = src.join(format!("big{i}"));
+            std::fs::write(&p, vec![i ^ round; SIZE]).unwrap();
             let f = std::fs::File::options().write(true).open(&p).unwrap();
             let when = std::time::SystemTime::now() - Duration::from_secs(10 + u64::from(round));
             f.set_modified(when).unwrap();
         }
-        // B plans while A is copying (its temporaries are in DST).
-        let a = run();
-        std::thread::sleep(Duration::from_millis(150));
-        let b = run();
-        for c in [a, b] {
+        // A copies one file at a time; B starts (and plans) once A's first temporary is in
+        // DST, so B's plan meets A's live temporary. Both pass pid 1 in their namespaces.
+        let a = run("1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_dir(&dst).unwrap().any(|e| {
+            let n = e.unwrap().file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(".stagefs-tmp.") && n.contains(".big")
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "A never started copying"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let b = run("4");
+        for (who, c) in [("A", a), ("B", b)] {
             let o = c.wait_with_output().unwrap();
-            assert!(o.status.success(), "round {round}: {}", stderr(&o));
+            assert!(o.status.success(), "round {round}, {who}: {}", stderr(&o));
         }
         assert_eq!(
-            std::fs::read(dst.join("f7")).unwrap(),
-            vec![7 ^ round; 2 << 20]
+            std::fs::read(dst.join("big2")).unwrap(),
+            vec![2 ^ round; SIZE]
         );
     }
 }
