@@ -1,11 +1,16 @@
-"""Parquet column → .npy array throughput, one thread: stagefs's table view vs pyarrow.
+"""Parquet column → .npy array throughput: stagefs's table view vs pyarrow, for float64, int64 and
+bool columns, one thread and all threads.
 
+    cargo build --release -p stagefs-views --example bench_table
     python3 bench/bench_table.py [--rows 10000000] [--rounds 5] [--dir /tmp/stagefs-bench-table]
 
-Writes a Parquet file once (float64 and int64 columns, snappy, 1 Mi-row row groups,
-deterministic), then alternates per round: pyarrow `pq.read_table(f, columns=[c],
-use_threads=False).column(c).to_numpy()` and the release example `bench_table` (footer parse +
-full `<c>.npy` rendered through View::read_at in 8 MiB reads). Prints median GB/s of array data.
+Writes a Parquet file once (float64, int64 and bool columns, snappy, 1 Mi-row row groups,
+deterministic), then alternates per round: pyarrow
+`pq.read_table(f, columns=[c], use_threads=T).column(c).to_numpy()` and the release example
+`bench_table` (footer parse + the full `<c>.npy` rendered through View::read_at: 8 MiB reads in
+order with one thread, or chunk-parallel as `convert --to npy` does with all threads). One
+thread: both pinned to cpu 0. Prints median GB/s of array data, the ratio (≥ 1.0 is the goal),
+and the 1-minute load average (wall-clock figures from a loaded machine are not comparable).
 """
 
 import argparse
@@ -32,23 +37,33 @@ def main():
     path = os.path.join(args.dir, f"t{args.rows}.parquet")
     if not os.path.exists(path):
         rng = np.random.default_rng(5)
-        t = pa.table({"x": rng.normal(size=args.rows), "k": rng.integers(0, 1 << 40, args.rows)})
+        t = pa.table({"x": rng.normal(size=args.rows), "k": rng.integers(0, 1 << 40, args.rows),
+                      "b": rng.random(args.rows) < 0.3})
         pq.write_table(t, path, row_group_size=1 << 20, compression="snappy")
-    pa.set_cpu_count(1)
-    pa.set_io_thread_count(1)
-    os.sched_setaffinity(0, {0})
-    print(f"{path}: {os.path.getsize(path) / 1e6:.0f} MB, {args.rows} rows; one core (cpu 0)")
-    for col in ["x", "k"]:
-        ours, theirs = [], []
-        for _ in range(args.rounds):
-            t = time.perf_counter()
-            arr = pq.read_table(path, columns=[col], use_threads=False).column(col).to_numpy()
-            theirs.append(arr.nbytes / (time.perf_counter() - t) / 1e9)
-            out = subprocess.run(["taskset", "-c", "0", args.bin, path, col, "1"],
-                                 check=True, capture_output=True, text=True).stdout
-            ours.append(float(out.split()[-1]))
-        a, b = statistics.median(ours), statistics.median(theirs)
-        print(f"column {col} ({arr.dtype}): stagefs {a:.2f} GB/s, pyarrow {b:.2f} GB/s, ratio {a / b:.2f}×")
+    print(f"{path}: {os.path.getsize(path) / 1e6:.0f} MB, {args.rows} rows, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n")
+    print("| column | threads | stagefs GB/s | pyarrow GB/s | ratio |")
+    print("|---|---|---:|---:|---:|")
+    all_cpus = os.sched_getaffinity(0)
+    for threads in ["1", "all"]:
+        one = threads == "1"
+        for col in ["x", "k", "b"]:
+            ours, theirs = [], []
+            for _ in range(args.rounds):
+                os.sched_setaffinity(0, {min(all_cpus)} if one else all_cpus)
+                t = time.perf_counter()
+                arr = pq.read_table(path, columns=[col], use_threads=not one).column(col).to_numpy()
+                theirs.append(arr.nbytes / (time.perf_counter() - t) / 1e9)
+                os.sched_setaffinity(0, all_cpus)
+                cmd = [args.bin, path, col, "1", "1" if one else "0"]
+                if one:
+                    cmd = ["taskset", "-c", str(min(all_cpus))] + cmd
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                ours.append(float(out.split()[-1]))
+            a, b = statistics.median(ours), statistics.median(theirs)
+            print(f"| {col} ({arr.dtype}) | {threads} | {a:.2f} | {b:.2f} | {a / b:.2f}× |",
+                  flush=True)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@
 #   3. generates a SIZE_GB (default 4) GB .npy of random bytes on local disk;
 #   4. streams it to the GPU from page cache, from disk (evicted first) and, when
 #      `stagefs mount` works, through a stagefs mount; checks the device buffers' checksums
-#      against the file; prints ratios against the copy peak and against `dd` from disk.
+#      against the file; prints ratios against the copy peak and against `dd` from disk;
+#   5. the same file through the Python package (stagefs.Loader(device="cuda:N"),
+#      bench/loader_gpu.py): GB/s against the copy peak, and the share of time a consumer at
+#      0.9x the peak waited (with torch: batches checksummed on the device against the file).
+#      The extension is built with cargo (no maturin needed) or taken from
+#      target/gpu-bin/_native.abi3.so; skipped where python3 is missing.
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log and $OUT/gpu-check.json.
 # Knobs: SIZE_GB, GPU=cpu (dry run of the script without a GPU), GPU (default 0), CHECK_DIR (default target/gpu-check, on local disk),
 #        EPOCHS_WARM (passes from page cache, default 3), STAGEFS_BIN, KEEP=1 (keep the file).
@@ -48,6 +53,14 @@ else
   BIN=$PWD/target/release/stagefs
 fi
 "$BIN" --version
+# The Python package's extension module: a plain cargo build (pyo3's extension-module feature
+# needs no libpython), dropped next to the package's Python sources.
+PYPKG=$PWD/gpu/python/python
+if [[ -f target/gpu-bin/_native.abi3.so ]]; then
+  cp target/gpu-bin/_native.abi3.so "$PYPKG/stagefs/_native.abi3.so"
+elif command -v python3 >/dev/null && CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p stagefs-python; then
+  cp target/release/lib_native.so "$PYPKG/stagefs/_native.abi3.so"
+fi
 
 say "pinned host-to-device copy peak"
 PEAK_FLAG=--bench-peak
@@ -122,6 +135,18 @@ if [[ -n "${PEAK:-}" ]]; then
 fi
 RESULTS+=("$(run page_cache_shuffled_verify "$FILE" --device "$GPU" --shuffle --seed 1 --verify)")
 
+say "stagefs.Loader (Python) from page cache"
+if [[ "$GPU" != cpu && -f "$PYPKG/stagefs/_native.abi3.so" ]] && command -v python3 >/dev/null; then
+  while read -r line; do
+    [[ "$line" == \{* ]] || continue
+    echo "$line"
+    name=$(sed -n 's/.*"name":"\([^"]*\)".*/\1/p' <<<"$line")
+    RESULTS+=("\"$name\": $line")
+  done < <(PYTHONPATH=$PYPKG python3 bench/loader_gpu.py "$FILE" --device "cuda:$GPU" --epochs "$EPOCHS_WARM" --peak-gbps "${PEAK:-0}" 2>&1 | tee /dev/stderr)
+else
+  echo "skipped: needs a GPU, python3 and the built extension (gpu/python)"
+fi
+
 say "local disk"
 evict_all
 start=$(date +%s.%N)
@@ -158,6 +183,7 @@ for r in "${RESULTS[@]}"; do
   name=${r%%\":*}; name=${name#\"}
   gbps=$(field "$r" gb_per_s); wait_share=$(field "$r" device_wait_share)
   mism=$(sed -n 's/.*"verify_mismatches":\[\(.*\)\].*/\1/p' <<<"$r")
+  [[ "$r" =~ \"verify_mismatches\":([1-9][0-9]*) ]] && mism=${BASH_REMATCH[1]}
   verified=$(field "$r" verified_batches)
   line=$(awk -v n="$name" -v g="$gbps" -v p="${PEAK:-0}" -v d="$DD_GBPS" -v w="$wait_share" \
     'BEGIN { printf "%-28s %7.2f GB/s  %5.2fx peak  %5.2fx dd  device waited %5.1f%%", n, g, (p > 0 ? g / p : 0), (d > 0 ? g / d : 0), 100 * w }')
@@ -166,5 +192,6 @@ for r in "${RESULTS[@]}"; do
   echo "$line"
 done
 echo "targets (issue 6): >= 0.9x peak from page cache; >= 0.9x dd from disk with the device waiting < 5%"
+echo "targets (issue 11): loader >= 0.9x peak; consumer at 0.9x peak waiting < 5%"
 [[ "${KEEP:-0}" == 1 ]] || rm -f "$FILE"
 exit $status

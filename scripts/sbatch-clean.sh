@@ -3,7 +3,9 @@
 #   read CSV/Parquet from SRC, dropna, keep value > 0, standardize the numeric columns,
 #   write OUT/part.N.parquet (one per input file) and OUT/_stats.json.
 # Submit:  SRC=/bigdata/raw OUT=/bigdata/processed sbatch scripts/sbatch-clean.sh
-# Memory is bounded by --memory-budget whatever the input size, so --mem stays small.
+# Memory is bounded by --memory-budget whatever the input size, so --mem stays small; pass 1's
+# kept rows beyond 30% of the budget spill to node-local scratch ($SLURM_TMPDIR, else $TMPDIR)
+# as Arrow IPC, about 0.6x the CSV's size at most, removed when the job ends.
 #SBATCH --job-name=stagefs-clean
 #SBATCH --partition=cpu
 #SBATCH --nodes=1

@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Mount SOURCE at MOUNTPOINT through a read-ahead cache on scratch (read-only).
     Mount(cli::mount::Args),
+    /// Write SOURCE's metadata snapshot to a file, so that `mount --index FILE` lists nothing.
+    Index(cli::index::Args),
     /// Unmount a stagefs mount cleanly (also clears the mount of a killed daemon).
     Umount(cli::mount::UmountArgs),
     /// Show a mount's cache statistics: is the job waiting on storage?
@@ -39,6 +41,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Mount(args) => cli::mount::run(args),
+        Command::Index(args) => cli::index::run(args),
         Command::Umount(args) => cli::mount::umount(args),
         Command::Stat(args) => cli::stat::run(args),
         Command::Convert(args) => cli::convert::run(args),

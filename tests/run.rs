@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
 fn run_cmd(sync: &str, extra: &[&str], script: &str) -> Command {
@@ -182,6 +184,9 @@ fn is_mounted(mnt: &Path) -> bool {
 
 #[test]
 fn mount_serves_the_command_and_is_gone_afterwards() {
+    if common::skip_without_fuse() {
+        return;
+    }
     if !mount_available() {
         eprintln!("SKIPPED: `stagefs mount` is still the stub in this build (no --cache option)");
         return;

@@ -27,6 +27,9 @@ fn users() -> Option<(u32, u32)> {
         eprintln!("skipped: needs root to act as two users");
         return None;
     }
+    if common::skip_without_fuse() {
+        return None;
+    }
     match (uid_of(VICTIM), uid_of(OTHER)) {
         (Some(v), Some(o)) => Some((v, o)),
         _ => {

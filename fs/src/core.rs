@@ -1,20 +1,24 @@
 //! The filesystem core: every request as a plain method, so tests drive it without a kernel.
 //!
-//! Source files are served through the [`Fetcher`] (cache first, source on a miss); each open
-//! records the source's size and mtime and every read is checked against them, so a file that
-//! changes while mounted is never served mixed (`ESTALE`), and the kernel's page cache is kept
-//! across opens (`FOPEN_KEEP_CACHE`) only while the source is unchanged. Fully cached files can
-//! be handed to the kernel for passthrough. Opening a small file queues the next files of its
-//! directory ([`CROSS_FILE_COUNT`]) so small-file epochs are not one round trip per file.
+//! The tree is served from the metadata snapshot ([`crate::snapshot`]): lookups, attributes and
+//! listings never touch the source (on a parallel filesystem each would be a round trip to the
+//! metadata server, every epoch). The snapshot is taken at mount with many requests in flight,
+//! streamed (a lookup waits only for the directory it needs), persisted in the cache so a
+//! remount lists nothing, or loaded from `stagefs index` output (`--index`) so N training nodes
+//! list nothing at all. *Snapshot semantics*: the mount presents the dataset as it was then;
+//! every read from the source is checked against the snapshot on the open descriptor, and a
+//! file changed since fails with `ESTALE` (and a log line) rather than serving other bytes.
+//! `--revalidate SECONDS` opts into re-checking metadata at most that often.
+//!
+//! Data goes through [`Files`] (the cache, then the source) and [`Views`] (`.npy/`). Fully cached
+//! large files can be handed to the kernel for passthrough once verified in this mount (the
+//! verification runs in the background, off the read path).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, Metadata};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,30 +26,33 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{
-    block_count, BlockMemo, CacheStore, FetchConfig, Fetcher, LocalSource, Priority, Signature,
-    Stats, StatsSnapshot, StoreConfig,
+    CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
+    StatsSnapshot, StoreConfig,
 };
+use stagefs_views::{ViewKind, ViewOptions};
 use tracing::{info, warn};
 
 use crate::control::{CONTROL_DIR, STATS_FILE, VIEW_DIR};
 use crate::error::FsError;
-use crate::inode::{InodeTable, Node, ROOT};
-use crate::listing::Listings;
+use crate::files::{FileState, Files, ReadData};
+use crate::inode::{source_ino, InodeTable, Node, Virtual, ROOT_INO};
+use crate::snapshot::{NodeAttr, NodeId, ScanOptions, Snapshot, ROOT};
 use crate::views::{OpenView, Views};
-use stagefs_views::ViewKind;
 
 /// Files after an opened small file that are fetched ahead (about 3 MB of 100 KB images: a
 /// DataLoader batch or two, enough to hide per-file latency without flooding the queue).
 pub const CROSS_FILE_COUNT: usize = 32;
-/// Pending cross-file requests; more are dropped (the next open asks again).
-const CROSS_FILE_QUEUE: usize = 64;
-/// Interval between flushes of cache headers, bounding what a killed daemon forgets.
+/// Interval between flushes of the cache index, bounding what a killed daemon forgets.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(2);
+/// Name of the snapshot persisted in the cache directory.
+pub const SNAPSHOT_FILE: &str = "snapshot";
+/// Complete large files waiting for background verification before passthrough.
+const VERIFY_QUEUE: usize = 64;
 
 /// How to run the filesystem.
 #[derive(Clone, Debug)]
 pub struct FsConfig {
-    /// The source directory.
+    /// The source directory (canonical).
     pub source: PathBuf,
     /// The cache directory on scratch.
     pub cache_dir: PathBuf,
@@ -61,25 +68,21 @@ pub struct FsConfig {
     pub image_size: u32,
     /// A corrupt image fails view reads with EIO instead of reading as zeros.
     pub strict_views: bool,
-}
-
-/// Type of a node, as the kernel needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Regular file.
-    File,
-    /// Directory.
-    Dir,
-    /// Symbolic link.
-    Symlink,
-    /// Named pipe.
-    Fifo,
-    /// Socket.
-    Socket,
-    /// Character device.
-    CharDevice,
-    /// Block device.
-    BlockDevice,
+    /// Start from this `stagefs index` snapshot instead of listing the source.
+    pub index: Option<PathBuf>,
+    /// List the source again even if the cache holds a snapshot of it.
+    pub rescan: bool,
+    /// Re-check metadata at most this often (snapshot semantics otherwise).
+    pub revalidate: Option<Duration>,
+    /// Requests in flight while listing the source.
+    pub scan_threads: usize,
+    /// Image views decode JPEGs at a reduced DCT scale (fast mode) instead of exactly.
+    pub fast_decode: bool,
+    /// Largest image (width × height) the views decode; larger ones are bad inputs.
+    pub max_image_pixels: u64,
+    /// Pixels all image decodes of the daemon (FUSE reads and background rendering) may hold
+    /// at once.
+    pub decode_budget: u64,
 }
 
 /// Attributes of a node.
@@ -89,16 +92,12 @@ pub struct Attr {
     pub ino: u64,
     /// Size in bytes.
     pub size: u64,
-    /// 512-byte blocks allocated (as the source reports).
+    /// 512-byte blocks (derived from the size).
     pub blocks: u64,
-    /// Last access.
-    pub atime: SystemTime,
-    /// Last modification.
+    /// Last modification (also reported as access and change time).
     pub mtime: SystemTime,
-    /// Last status change.
-    pub ctime: SystemTime,
     /// Type.
-    pub kind: Kind,
+    pub kind: FileKind,
     /// Permission bits.
     pub perm: u16,
     /// Hard links.
@@ -111,15 +110,19 @@ pub struct Attr {
     pub rdev: u32,
 }
 
-/// One directory entry.
+/// One directory entry, as `readdir` hands it out.
 #[derive(Clone, Debug)]
-pub struct DirEntry {
+pub struct DirEntry<'a> {
+    /// Offset to resume after this entry.
+    pub offset: u64,
     /// Inode number.
     pub ino: u64,
     /// Type.
-    pub kind: Kind,
+    pub kind: FileKind,
     /// Name.
-    pub name: OsString,
+    pub name: &'a OsStr,
+    /// Attributes (for `readdirplus`).
+    pub attr: Attr,
 }
 
 /// What an open answers.
@@ -129,165 +132,300 @@ pub struct Opened {
     pub fh: u64,
     /// Keep the kernel's page cache from earlier opens (contents unchanged).
     pub keep_cache: bool,
-    /// Bypass the page cache (virtual files whose size is not known up front).
+    /// Bypass the page cache (virtual files whose contents change).
     pub direct_io: bool,
-    /// A fully cached file the kernel may read directly (passthrough).
-    pub passthrough: Option<fs::File>,
+    /// A fully cached, verified file the kernel may read directly (passthrough).
+    pub passthrough: Option<std::fs::File>,
 }
 
 enum Handle {
     Source {
-        rel: Arc<Path>,
-        sig: Signature,
+        state: Arc<FileState>,
         ra: Mutex<ReadAhead>,
-        memo: BlockMemo,
-        pinned: bool,
+        pinned: Option<EntryId>,
     },
     Bytes(Vec<u8>),
     View(Arc<OpenView>),
 }
 
-/// The filesystem.
-pub struct FsCore {
-    cfg: FsConfig,
-    inodes: InodeTable,
-    fetcher: Fetcher,
-    store: Arc<CacheStore>,
-    stats: Arc<Stats>,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    next_fh: AtomicU64,
-    seen: Mutex<HashMap<u64, Signature>>,
-    started: Instant,
-    stop: Arc<AtomicBool>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Dropped at shutdown, which ends the cross-file thread so it can be joined.
-    cross_file: Mutex<Option<SyncSender<PathBuf>>>,
-    /// Owner and mtime of the source root, given to virtual nodes (read once: no stat per
-    /// virtual entry on the readdir path of `.npy/`).
-    root_attr: (SystemTime, u32, u32),
-    views: Mutex<Option<Arc<Views>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks a mutex, recovering from poisoning: the data behind these locks stays structurally
+/// valid if a holder panicked, and the mount must keep serving.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The filesystem.
+pub struct FsCore {
+    cfg: FsConfig,
+    snapshot: Arc<Snapshot>,
+    files: Arc<Files>,
+    fetcher: Fetcher,
+    store: Arc<CacheStore>,
+    stats: Arc<Stats>,
+    inodes: InodeTable,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    /// Views opened without a handle (kernels that skip `open`), by inode.
+    views_by_ino: Mutex<HashMap<u64, Arc<OpenView>>>,
+    next_fh: AtomicU64,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    views: Mutex<Option<Arc<Views>>>,
+    loaded_views: Mutex<Vec<LoadedEntry>>,
+    verify: Mutex<Option<SyncSender<EntryId>>>,
+    /// Where the snapshot came from (for the stats).
+    origin: &'static str,
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn attr_of(ino: u64, a: &NodeAttr) -> Attr {
+    Attr {
+        ino,
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        mtime: time(a.mtime_ns),
+        kind: a.kind,
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+    }
+}
+
 impl FsCore {
-    /// Opens the cache and starts the fetch workers, the header flusher, cross-file prefetch
-    /// and (if configured) background staging.
+    /// Opens the cache, takes (or loads) the snapshot and starts the background work: fetch
+    /// workers, index flusher, cross-file prefetch, binding of the previous mount's cache, and
+    /// staging when the tree fits.
     pub fn new(cfg: FsConfig) -> Result<Arc<FsCore>, FsError> {
-        let meta = fs::metadata(&cfg.source)?;
-        if !meta.is_dir() {
-            return Err(FsError::NotDir);
-        }
+        let source: Arc<dyn Source> = Arc::new(LocalSource::new(cfg.source.clone())?);
+        FsCore::with_source(cfg, source)
+    }
+
+    /// [`new`](Self::new) over any [`Source`] (tests inject slow or failing ones).
+    pub fn with_source(cfg: FsConfig, source: Arc<dyn Source>) -> Result<Arc<FsCore>, FsError> {
         let stats = Arc::new(Stats::default());
-        let store = Arc::new(
-            CacheStore::open(
-                &StoreConfig {
-                    dir: cfg.cache_dir.clone(),
-                    capacity: cfg.cache_size,
-                },
-                stats.clone(),
-            )
-            .map_err(|e| FsError::Io(std::io::Error::other(e.to_string())))?,
-        );
-        let source = Arc::new(LocalSource::new(cfg.source.clone())?);
+        let (store, loaded) = CacheStore::open(
+            &StoreConfig {
+                dir: cfg.cache_dir.clone(),
+                capacity: cfg.cache_size,
+            },
+            stats.clone(),
+        )?;
+        let store = Arc::new(store);
+        let (snapshot, origin) = Self::open_snapshot(&cfg, &store, source.clone())?;
         let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
+        let files = Files::new(snapshot.clone(), fetcher.clone(), cfg.cross_file);
         let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        let (tx, rx) = sync_channel::<PathBuf>(CROSS_FILE_QUEUE);
-        {
-            let fetcher = fetcher.clone();
-            let listings = Listings::new(cfg.source.clone());
-            let root = cfg.source.clone();
-            let count = cfg.cross_file;
-            threads.push(
-                std::thread::Builder::new()
-                    .name("stagefs-xfile".into())
-                    .spawn(move || {
-                        // Ends when the core (the sender) is dropped.
-                        for rel in rx {
-                            for next in listings.next_files(&rel, count) {
-                                let Ok(meta) = fs::symlink_metadata(root.join(&next)) else {
-                                    continue;
-                                };
-                                if !meta.is_file() || meta.len() > SMALL_FILE {
-                                    continue;
-                                }
-                                let sig = Signature::of(&meta);
-                                let next: Arc<Path> = next.into();
-                                fetcher.prefetch(
-                                    &next,
-                                    sig,
-                                    0..block_count(sig.size),
-                                    Priority::ReadAhead,
-                                );
-                            }
-                        }
-                    })?,
-            );
-        }
-        {
-            let store = store.clone();
-            let stop = stop.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("stagefs-flush".into())
-                    .spawn(move || {
-                        // Short sleeps so shutdown is prompt; a flush every FLUSH_INTERVAL.
-                        let mut last = Instant::now();
-                        while !stop.load(Relaxed) {
-                            std::thread::sleep(Duration::from_millis(100));
-                            if last.elapsed() >= FLUSH_INTERVAL && !stop.load(Relaxed) {
-                                let _ = store.flush();
-                                last = Instant::now();
-                            }
-                        }
-                    })?,
-            );
-        }
-        if cfg.stage {
-            threads.push(stagefs_prefetch::staging::spawn(
-                fetcher.clone(),
-                cfg.source.clone(),
-                store.capacity(),
-                stop.clone(),
-            )?);
-        }
-        Ok(Arc::new(FsCore {
-            cross_file: Mutex::new((cfg.cross_file > 0).then_some(tx)),
-            root_attr: (
-                time(meta.mtime(), meta.mtime_nsec()),
-                meta.uid(),
-                meta.gid(),
-            ),
-            views: Mutex::new(None),
-            cfg,
-            inodes: InodeTable::default(),
+        let core = Arc::new(FsCore {
+            snapshot,
+            files,
             fetcher,
             store,
             stats,
+            inodes: InodeTable::default(),
             handles: Mutex::new(HashMap::new()),
+            views_by_ino: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            seen: Mutex::new(HashMap::new()),
-            started: Instant::now(),
             stop,
-            threads: Mutex::new(threads),
-        }))
+            threads: Mutex::new(Vec::new()),
+            views: Mutex::new(None),
+            loaded_views: Mutex::new(Vec::new()),
+            verify: Mutex::new(None),
+            origin,
+            cfg,
+        });
+        core.start(loaded, origin == "cache")?;
+        Ok(core)
     }
 
-    /// Stops background work and writes the cache headers; call after the session ends.
+    /// The snapshot to serve: `--index`, else the one persisted in the cache for this source,
+    /// else a fresh listing. The flag says whether it is already persisted in the cache.
+    fn open_snapshot(
+        cfg: &FsConfig,
+        store: &CacheStore,
+        source: Arc<dyn Source>,
+    ) -> Result<(Arc<Snapshot>, &'static str), FsError> {
+        if let Some(index) = &cfg.index {
+            let s = Snapshot::load(index)?;
+            if s.source_root() != cfg.source {
+                return Err(FsError::IndexMismatch {
+                    index: index.clone(),
+                    of: s.source_root().to_path_buf(),
+                    mounted: cfg.source.clone(),
+                });
+            }
+            // For --revalidate (and directories the index could not list): read lazily.
+            s.attach_source(source);
+            return Ok((s, "index"));
+        }
+        if !cfg.rescan && store.dir().exists(SNAPSHOT_FILE) {
+            match Snapshot::load_from(store.dir(), SNAPSHOT_FILE) {
+                Ok(s) if s.source_root() == cfg.source => {
+                    info!(
+                        nodes = s.len(),
+                        "serving the snapshot kept in the cache (no listing)"
+                    );
+                    s.attach_source(source);
+                    return Ok((s, "cache"));
+                }
+                Ok(_) => info!("the cache's snapshot is of another source: listing again"),
+                Err(e) => warn!(error = %e, "the cache's snapshot is unusable: listing again"),
+            }
+        }
+        let s = Snapshot::scan(
+            source,
+            &cfg.source,
+            ScanOptions {
+                threads: cfg.scan_threads.max(1),
+                ..ScanOptions::default()
+            },
+        )?;
+        Ok((s, "listed"))
+    }
+
+    fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let t = std::thread::Builder::new().name(name.into()).spawn(f)?;
+        lock(&self.threads).push(t);
+        Ok(())
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        loaded: stagefs_prefetch::Loaded,
+        persisted: bool,
+    ) -> Result<(), FsError> {
+        if let Some(t) = self.files.start_cross_file()? {
+            lock(&self.threads).push(t);
+        }
+        {
+            let store = self.store.clone();
+            let stop = self.stop.clone();
+            self.spawn("stagefs-flush", move || {
+                // Short sleeps so shutdown is prompt; a flush every FLUSH_INTERVAL.
+                let mut last = Instant::now();
+                while !stop.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if last.elapsed() >= FLUSH_INTERVAL && !stop.load(Relaxed) {
+                        if let Err(e) = store.flush() {
+                            warn!(error = %e, "writing the cache index failed (will retry)");
+                        }
+                        last = Instant::now();
+                    }
+                }
+            })?;
+        }
+        {
+            let (tx, rx) = sync_channel::<EntryId>(VERIFY_QUEUE);
+            *lock(&self.verify) = Some(tx);
+            let store = self.store.clone();
+            self.spawn("stagefs-verify", move || {
+                for id in rx {
+                    store.verify(id);
+                }
+            })?;
+        }
+        // Binding the previous mount's cache entries needs the whole snapshot; with a snapshot
+        // loaded from disk it is there now, and the mount serves nothing before it is done.
+        if self.snapshot.is_complete() {
+            self.after_listing(loaded, persisted);
+        } else {
+            let me = Arc::downgrade(self);
+            self.spawn("stagefs-bind", move || {
+                let Some(core) = me.upgrade() else { return };
+                match core.snapshot.wait_complete() {
+                    Ok(()) => core.after_listing(loaded, persisted),
+                    Err(e) => {
+                        warn!(error = %e, "listing the source failed; the cache is not reused")
+                    }
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Once the snapshot is complete: bind cached entries, persist the snapshot, start staging.
+    fn after_listing(self: &Arc<Self>, loaded: stagefs_prefetch::Loaded, persisted: bool) {
+        let views = self.files.bind_loaded(loaded);
+        *lock(&self.loaded_views) = views;
+        if !persisted {
+            match self.snapshot.save_to(self.store.dir(), SNAPSHOT_FILE) {
+                Ok(()) => info!(nodes = self.snapshot.len(), "snapshot kept in the cache"),
+                Err(e) => warn!(error = %e, "could not keep the snapshot in the cache"),
+            }
+        }
+        for e in self.snapshot.errors() {
+            self.stats.error(e);
+        }
+        if !self.cfg.stage {
+            return;
+        }
+        let (plan, total) = self.files.staging_plan();
+        let capacity = self.store.capacity();
+        if total > capacity {
+            info!(
+                total,
+                capacity, "tree larger than the cache: no background staging"
+            );
+            return;
+        }
+        let files = self.files.clone();
+        let wants: stagefs_prefetch::staging::WantsOf<NodeId> =
+            Arc::new(move |node: &NodeId| files.missing_blocks(*node));
+        match stagefs_prefetch::staging::spawn(
+            self.fetcher.clone(),
+            plan,
+            total,
+            wants,
+            self.stop.clone(),
+        ) {
+            Ok(t) => lock(&self.threads).push(t),
+            Err(e) => warn!(error = %e, "could not start background staging"),
+        }
+    }
+
+    /// Stops background work and writes the cache index; call after the session ends.
     pub fn shutdown(&self) {
         self.stop.store(true, Relaxed);
         self.fetcher.shutdown();
-        if let Err(e) = self.store.flush() {
-            warn!(error = %e, "could not write the cache index at unmount");
-        }
-        lock(&self.cross_file).take();
+        self.files.stop();
+        lock(&self.verify).take();
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {
             let _ = t.join();
         }
+        if let Err(e) = self.store.close() {
+            warn!(error = %e, "could not write the cache index at unmount");
+        }
+    }
+
+    /// Stops background work *without* writing the cache index, as a killed daemon would
+    /// (what the last flush wrote is all a later mount finds). For crash tests.
+    pub fn abandon(&self) {
+        self.stop.store(true, Relaxed);
+        self.fetcher.shutdown();
+        self.files.stop();
+        lock(&self.verify).take();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    /// The inode number of `.stagefs/stats`.
+    pub fn stats_ino(&self) -> u64 {
+        self.inodes.ino(Virtual::Stats)
     }
 
     /// The live counters.
@@ -300,121 +438,141 @@ impl FsCore {
         &self.store
     }
 
+    /// The metadata snapshot being served.
+    pub fn snapshot_ref(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
     /// A snapshot of the statistics with occupancy and identity filled in.
     pub fn snapshot(&self) -> StatsSnapshot {
-        let mut s = self.stats.snapshot(self.started);
+        let mut s = self.stats.snapshot();
         s.cache_used = self.store.used();
         s.cache_capacity = self.store.capacity();
         s.pid = std::process::id();
         s.cache_dir = self.cfg.cache_dir.display().to_string();
         s.source = self.cfg.source.display().to_string();
+        let scan = self.snapshot.scan_stats();
+        s.metadata_requests = scan.requests;
+        s.snapshot_entries = self.snapshot.len() as u64;
+        s.snapshot = self.origin.to_string();
         s
     }
 
-    /// The `.npy/` views, scanning the source on first use.
+    /// The `.npy/` views, prepared on first use (from the snapshot: no source listing).
     fn views(&self) -> Result<Arc<Views>, FsError> {
         let mut slot = lock(&self.views);
         if let Some(v) = slot.as_ref() {
             return Ok(v.clone());
         }
+        let loaded = std::mem::take(&mut *lock(&self.loaded_views));
         let v = Views::new(
-            &self.cfg.source,
-            self.fetcher.clone(),
-            self.cfg.image_size,
-            self.cfg.strict_views,
+            self.snapshot.clone(),
+            self.files.clone(),
+            ViewOptions {
+                image_size: self.cfg.image_size,
+                strict: self.cfg.strict_views,
+                // One budget for the daemon: FUSE threads and the background renderer share it.
+                decode: stagefs_views::image::DecodeSettings {
+                    fast: self.cfg.fast_decode,
+                    max_pixels: self.cfg.max_image_pixels,
+                    budget: stagefs_views::image::DecodeBudget::new(self.cfg.decode_budget),
+                },
+                ..ViewOptions::default()
+            },
+            loaded,
         )?;
         *slot = Some(v.clone());
         Ok(v)
-    }
-
-    fn view_attr(&self, ino: u64, kind: ViewKind) -> Attr {
-        match kind {
-            ViewKind::Dir => self.virtual_attr(ino, Kind::Dir, 0),
-            ViewKind::File(len) => self.virtual_attr(ino, Kind::File, len),
-        }
-    }
-
-    fn view_node(&self, rel: PathBuf, kind: ViewKind) -> Attr {
-        let node = match kind {
-            ViewKind::Dir => Node::ViewDir(rel),
-            ViewKind::File(_) => Node::ViewFile(rel),
-        };
-        self.view_attr(self.inodes.ino(node), kind)
     }
 
     fn node(&self, ino: u64) -> Result<Node, FsError> {
         self.inodes.get(ino).ok_or(FsError::BadHandle)
     }
 
-    fn source_path(&self, rel: &Path) -> PathBuf {
-        self.cfg.source.join(rel)
-    }
-
-    fn source_attr(&self, ino: u64, meta: &Metadata) -> Attr {
-        let ft = meta.file_type();
-        let kind = if ft.is_dir() {
-            Kind::Dir
-        } else if ft.is_symlink() {
-            Kind::Symlink
-        } else if ft.is_fifo() {
-            Kind::Fifo
-        } else if ft.is_socket() {
-            Kind::Socket
-        } else if ft.is_char_device() {
-            Kind::CharDevice
-        } else if ft.is_block_device() {
-            Kind::BlockDevice
-        } else {
-            Kind::File
-        };
-        Attr {
-            ino,
-            size: meta.size(),
-            blocks: meta.blocks(),
-            atime: time(meta.atime(), meta.atime_nsec()),
-            mtime: time(meta.mtime(), meta.mtime_nsec()),
-            ctime: time(meta.ctime(), meta.ctime_nsec()),
-            kind,
-            perm: (meta.mode() & 0o7777) as u16,
-            nlink: meta.nlink() as u32,
-            uid: meta.uid(),
-            gid: meta.gid(),
-            rdev: meta.rdev() as u32,
+    /// The attributes of snapshot node `id` (re-checked first under `--revalidate`).
+    fn node_attr(&self, id: NodeId) -> Result<NodeAttr, FsError> {
+        if let Some(max_age) = self.cfg.revalidate {
+            let before = self.snapshot.attr(id);
+            let now = self.snapshot.revalidate(id, max_age)?;
+            if before.is_some_and(|b| b.version() != now.version()) && now.kind == FileKind::File {
+                self.files.unbind(id);
+            }
+            return Ok(now);
         }
+        self.snapshot.attr(id).ok_or(FsError::NotFound)
     }
 
-    fn virtual_attr(&self, ino: u64, kind: Kind, size: u64) -> Attr {
-        let (t, uid, gid) = self.root_attr;
+    /// Attributes of a virtual node: the owner and mtime of the source root for the control
+    /// tree; for views, the owner and read bits of the input they are derived from (so a 0600
+    /// table's columns are as private as the table, with `default_permissions` enforcing it).
+    fn virtual_attr(&self, ino: u64, kind: FileKind, size: u64, input: Option<NodeAttr>) -> Attr {
+        let root = self.snapshot.attr(ROOT);
+        let base = input.or(root);
+        let (mtime, uid, gid, read) = base
+            .map(|a| (time(a.mtime_ns), a.uid, a.gid, a.perm & 0o444))
+            .unwrap_or((UNIX_EPOCH, 0, 0, 0o444));
+        let perm = if kind == FileKind::Dir {
+            read | (read >> 2)
+        } else {
+            read
+        };
         Attr {
             ino,
             size,
             blocks: size.div_ceil(512),
-            atime: t,
-            mtime: t,
-            ctime: t,
+            mtime,
             kind,
-            perm: if kind == Kind::Dir { 0o555 } else { 0o444 },
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            perm,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
             uid,
             gid,
             rdev: 0,
         }
     }
 
+    fn control_attr(&self, ino: u64, kind: FileKind, size: u64) -> Attr {
+        let mut a = self.virtual_attr(ino, kind, size, None);
+        // The stats are about the mount, readable by whoever may read its root.
+        if kind == FileKind::Dir {
+            a.perm = 0o555 & (a.perm | 0o500);
+        } else {
+            a.perm = 0o444 & (a.perm | 0o400);
+        }
+        a
+    }
+
+    fn view_attr(&self, ino: u64, rel: &Path, kind: ViewKind, views: &Views) -> Attr {
+        match kind {
+            ViewKind::Dir => self.virtual_attr(ino, FileKind::Dir, 0, views.input_of(rel, true)),
+            ViewKind::File(len) => {
+                self.virtual_attr(ino, FileKind::File, len, views.input_of(rel, false))
+            }
+        }
+    }
+
+    fn view_node(&self, rel: PathBuf, kind: ViewKind, views: &Views) -> Attr {
+        let ino = self.inodes.ino(match kind {
+            ViewKind::Dir => Virtual::ViewDir(rel.clone()),
+            ViewKind::File(_) => Virtual::ViewFile(rel.clone()),
+        });
+        self.view_attr(ino, &rel, kind, views)
+    }
+
     /// Attributes of `ino`.
     pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
         match self.node(ino)? {
-            Node::Source(rel) => {
-                let meta = fs::symlink_metadata(self.source_path(&rel)).map_err(not_found)?;
-                Ok(self.source_attr(ino, &meta))
+            Node::Source(id) => Ok(attr_of(ino, &self.node_attr(id)?)),
+            Node::Virtual(Virtual::ControlDir) => Ok(self.control_attr(ino, FileKind::Dir, 0)),
+            Node::Virtual(Virtual::Stats) => {
+                Ok(self.control_attr(ino, FileKind::File, self.stats_json().len() as u64))
             }
-            Node::ControlDir => Ok(self.virtual_attr(ino, Kind::Dir, 0)),
-            Node::Stats => Ok(self.virtual_attr(ino, Kind::File, self.stats_json().len() as u64)),
-            Node::ViewDir(rel) if rel.as_os_str().is_empty() => {
-                Ok(self.virtual_attr(ino, Kind::Dir, 0))
+            Node::Virtual(Virtual::ViewDir(rel)) if rel.as_os_str().is_empty() => {
+                Ok(self.virtual_attr(ino, FileKind::Dir, 0, None))
             }
-            Node::ViewDir(rel) | Node::ViewFile(rel) => {
-                Ok(self.view_attr(ino, self.views()?.stat(&rel)?))
+            Node::Virtual(Virtual::ViewDir(rel) | Virtual::ViewFile(rel)) => {
+                let views = self.views()?;
+                let kind = views.stat(&rel)?;
+                Ok(self.view_attr(ino, &rel, kind, &views))
             }
         }
     }
@@ -422,92 +580,136 @@ impl FsCore {
     /// Looks up `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
         match self.node(parent)? {
-            Node::Source(rel) => {
-                if rel.as_os_str().is_empty() && name == CONTROL_DIR {
-                    let ino = self.inodes.ino(Node::ControlDir);
-                    return self.getattr(ino);
+            Node::Source(dir) => {
+                if dir == ROOT && name == CONTROL_DIR {
+                    return self.getattr(self.inodes.ino(Virtual::ControlDir));
                 }
-                if rel.as_os_str().is_empty() && name == VIEW_DIR {
-                    let ino = self.inodes.ino(Node::ViewDir(PathBuf::new()));
-                    return Ok(self.virtual_attr(ino, Kind::Dir, 0));
+                if dir == ROOT && name == VIEW_DIR {
+                    return self.getattr(self.inodes.ino(Virtual::ViewDir(PathBuf::new())));
                 }
-                let child = rel.join(name);
-                let meta = fs::symlink_metadata(self.source_path(&child)).map_err(not_found)?;
-                let ino = self.inodes.ino(Node::Source(child));
-                Ok(self.source_attr(ino, &meta))
+                if self.cfg.revalidate.is_some() {
+                    self.node_attr(dir)?;
+                }
+                let id = self.snapshot.lookup(dir, name)?.ok_or(FsError::NotFound)?;
+                Ok(attr_of(source_ino(id), &self.node_attr(id)?))
             }
-            Node::ControlDir if name == STATS_FILE => self.getattr(self.inodes.ino(Node::Stats)),
-            Node::ControlDir => Err(FsError::NotFound),
-            Node::Stats | Node::ViewFile(_) => Err(FsError::NotDir),
-            Node::ViewDir(rel) => {
+            Node::Virtual(Virtual::ControlDir) if name == STATS_FILE => {
+                self.getattr(self.inodes.ino(Virtual::Stats))
+            }
+            Node::Virtual(Virtual::ControlDir) => Err(FsError::NotFound),
+            Node::Virtual(Virtual::Stats | Virtual::ViewFile(_)) => Err(FsError::NotDir),
+            Node::Virtual(Virtual::ViewDir(rel)) => {
+                let views = self.views()?;
                 let child = rel.join(name);
-                let kind = self.views()?.stat(&child)?;
-                Ok(self.view_node(child, kind))
+                let kind = views.stat(&child)?;
+                Ok(self.view_node(child, kind, &views))
             }
         }
     }
 
-    /// The entries of directory `ino` (without `.` and `..`), in name order.
-    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
-        match self.node(ino)? {
-            Node::Source(rel) => {
-                let mut out = Vec::new();
-                if rel.as_os_str().is_empty() {
-                    out.push(DirEntry {
-                        ino: self.inodes.ino(Node::ControlDir),
-                        kind: Kind::Dir,
-                        name: CONTROL_DIR.into(),
-                    });
-                    out.push(DirEntry {
-                        ino: self.inodes.ino(Node::ViewDir(PathBuf::new())),
-                        kind: Kind::Dir,
-                        name: VIEW_DIR.into(),
-                    });
-                }
-                let dir = fs::read_dir(self.source_path(&rel)).map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => FsError::NotFound,
-                    _ if e.raw_os_error() == Some(libc::ENOTDIR) => FsError::NotDir,
-                    _ => FsError::Io(e),
-                })?;
-                let mut entries: Vec<_> = dir.flatten().collect();
-                entries.sort_by_key(|e| e.file_name());
-                for e in entries {
-                    let name = e.file_name();
-                    if rel.as_os_str().is_empty() && (name == CONTROL_DIR || name == VIEW_DIR) {
-                        continue;
-                    }
-                    let kind = match e.file_type() {
-                        Ok(t) if t.is_dir() => Kind::Dir,
-                        Ok(t) if t.is_symlink() => Kind::Symlink,
-                        Ok(t) if t.is_fifo() => Kind::Fifo,
-                        Ok(t) if t.is_socket() => Kind::Socket,
-                        Ok(t) if t.is_char_device() => Kind::CharDevice,
-                        Ok(t) if t.is_block_device() => Kind::BlockDevice,
-                        _ => Kind::File,
+    /// Lists directory `ino` from `offset` (as the kernel resumes: 0 at the start, then the
+    /// offset of the last entry it kept), calling `add` per entry until it returns true (reply
+    /// buffer full). Offsets 1 and 2 are `.` and `..`. The virtual `.stagefs` and `.npy` are
+    /// not listed in the root (reachable by name, like ZFS's hidden `.zfs`), so `du`, `find`,
+    /// `tar` and `rsync` see the dataset only.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> Result<(), FsError> {
+        let dots = |add: &mut dyn FnMut(DirEntry<'_>) -> bool, this: Attr| {
+            for (off, name) in [(1u64, "."), (2, "..")] {
+                if off > offset {
+                    let e = DirEntry {
+                        offset: off,
+                        ino: this.ino,
+                        kind: FileKind::Dir,
+                        name: OsStr::new(name),
+                        attr: this.clone(),
                     };
-                    let ino = self.inodes.ino(Node::Source(rel.join(&name)));
-                    out.push(DirEntry { ino, kind, name });
+                    if add(e) {
+                        return true;
+                    }
                 }
-                Ok(out)
             }
-            Node::ControlDir => Ok(vec![DirEntry {
-                ino: self.inodes.ino(Node::Stats),
-                kind: Kind::File,
-                name: STATS_FILE.into(),
-            }]),
-            Node::Stats | Node::ViewFile(_) => Err(FsError::NotDir),
-            Node::ViewDir(rel) => {
-                let views = self.views()?;
-                let mut out = Vec::new();
-                for (name, kind) in views.read_dir(&rel)? {
-                    let attr = self.view_node(rel.join(&name), kind);
-                    out.push(DirEntry {
+            false
+        };
+        let start = offset.saturating_sub(2) as usize;
+        match self.node(ino)? {
+            Node::Source(dir) => {
+                let this = attr_of(ino, &self.node_attr(dir)?);
+                if this.kind != FileKind::Dir {
+                    return Err(FsError::NotDir);
+                }
+                if dots(&mut add, this) {
+                    return Ok(());
+                }
+                let mut err = None;
+                self.snapshot.read_dir(dir, start, |i, id, name, attr| {
+                    if dir == ROOT && (name == CONTROL_DIR || name == VIEW_DIR) {
+                        return true;
+                    }
+                    let attr = match self.cfg.revalidate {
+                        Some(_) => match self.node_attr(id) {
+                            Ok(a) => a,
+                            Err(e) => {
+                                err = Some(e);
+                                return false;
+                            }
+                        },
+                        None => attr.clone(),
+                    };
+                    let ino = source_ino(id);
+                    !add(DirEntry {
+                        offset: i as u64 + 3,
+                        ino,
+                        kind: attr.kind,
+                        name,
+                        attr: attr_of(ino, &attr),
+                    })
+                })?;
+                err.map_or(Ok(()), Err)
+            }
+            Node::Virtual(v) => {
+                let this = self.getattr(ino)?;
+                if this.kind != FileKind::Dir {
+                    return Err(FsError::NotDir);
+                }
+                if dots(&mut add, this) {
+                    return Ok(());
+                }
+                let entries: Vec<(OsString, Attr)> = match v {
+                    Virtual::ControlDir => {
+                        let ino = self.inodes.ino(Virtual::Stats);
+                        vec![(STATS_FILE.into(), self.getattr(ino)?)]
+                    }
+                    Virtual::ViewDir(rel) => {
+                        let views = self.views()?;
+                        views
+                            .read_dir(&rel)?
+                            .into_iter()
+                            .map(|(name, kind)| {
+                                let a = self.view_node(rel.join(&name), kind, &views);
+                                (name, a)
+                            })
+                            .collect()
+                    }
+                    Virtual::Stats | Virtual::ViewFile(_) => return Err(FsError::NotDir),
+                };
+                for (i, (name, attr)) in entries.iter().enumerate().skip(start) {
+                    let e = DirEntry {
+                        offset: i as u64 + 3,
                         ino: attr.ino,
                         kind: attr.kind,
                         name,
-                    });
+                        attr: attr.clone(),
+                    };
+                    if add(e) {
+                        break;
+                    }
                 }
-                Ok(out)
+                Ok(())
             }
         }
     }
@@ -515,72 +717,55 @@ impl FsCore {
     /// The target of symlink `ino`, exactly as stored (never resolved).
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
         match self.node(ino)? {
-            Node::Source(rel) => {
-                let target =
-                    fs::read_link(self.source_path(&rel)).map_err(|e| match e.raw_os_error() {
-                        Some(libc::EINVAL) => FsError::NotSymlink,
-                        _ => not_found(e),
-                    })?;
-                Ok(target.as_os_str().as_bytes().to_vec())
-            }
-            _ => Err(FsError::NotSymlink),
+            Node::Source(id) => self.snapshot.link_target(id).ok_or(FsError::NotSymlink),
+            Node::Virtual(_) => Err(FsError::NotSymlink),
         }
     }
 
     /// Opens `ino` for reading; `write` (any write access) fails with EROFS. With
-    /// `passthrough`, a fully cached file comes back ready for kernel passthrough.
+    /// `passthrough`, a fully cached and verified file comes back ready for kernel passthrough.
     pub fn open(&self, ino: u64, write: bool, passthrough: bool) -> Result<Opened, FsError> {
         if write {
             return Err(FsError::ReadOnly);
         }
         let (handle, keep_cache, direct_io, pt) = match self.node(ino)? {
-            Node::Source(rel) => {
-                let meta = fs::symlink_metadata(self.source_path(&rel)).map_err(not_found)?;
-                if meta.is_dir() {
-                    return Err(FsError::IsDir);
+            Node::Source(id) => {
+                let attr = self.node_attr(id)?;
+                match attr.kind {
+                    FileKind::Dir => return Err(FsError::IsDir),
+                    FileKind::File => {}
+                    _ => return Err(FsError::NotFound),
                 }
-                let sig = Signature::of(&meta);
-                let unchanged = lock(&self.seen)
-                    .insert(ino, sig)
-                    .is_none_or(|old| old == sig);
-                if !unchanged {
-                    self.store.invalidate(&rel);
-                }
-                let pt = if passthrough && sig.size > 0 {
-                    self.store.pin_complete(&rel, sig)
+                let state = self.files.state(id, &attr)?;
+                self.files.opened(id, attr.size);
+                let pt = if passthrough && attr.size > SMALL_FILE {
+                    self.passthrough_file(state.entry)
                 } else {
                     None
                 };
                 if pt.is_some() {
                     self.stats.passthrough_opens.fetch_add(1, Relaxed);
+                    self.stats.bytes_passthrough.fetch_add(attr.size, Relaxed);
                 }
-                if let Some(tx) = lock(&self.cross_file).as_ref() {
-                    if sig.size <= SMALL_FILE {
-                        // Full queue: drop; the next open asks again.
-                        if let Err(TrySendError::Disconnected(_)) = tx.try_send(rel.clone()) {
-                            warn!("cross-file prefetch thread is gone");
-                        }
-                    }
-                }
-                let rel: Arc<Path> = rel.into();
                 let h = Handle::Source {
-                    rel,
-                    sig,
                     ra: Mutex::new(ReadAhead::default()),
-                    memo: Mutex::new(None),
-                    pinned: pt.is_some(),
+                    pinned: pt.as_ref().map(|_| state.entry),
+                    state,
                 };
-                (h, unchanged, false, pt)
+                // Snapshot semantics: the file's contents never change for the mount's life.
+                (h, self.cfg.revalidate.is_none(), false, pt)
             }
-            Node::Stats => (
+            Node::Virtual(Virtual::Stats) => (
                 Handle::Bytes(self.stats_json().into_bytes()),
                 false,
                 true,
                 None,
             ),
-            Node::ControlDir | Node::ViewDir(_) => return Err(FsError::IsDir),
+            Node::Virtual(Virtual::ControlDir | Virtual::ViewDir(_)) => return Err(FsError::IsDir),
             // Views are immutable for the life of the mount: keep the kernel's pages.
-            Node::ViewFile(rel) => (Handle::View(self.views()?.open(&rel)?), true, false, None),
+            Node::Virtual(Virtual::ViewFile(rel)) => {
+                (Handle::View(self.views()?.open(&rel)?), true, false, None)
+            }
         };
         let fh = self.next_fh.fetch_add(1, Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
@@ -592,58 +777,96 @@ impl FsCore {
         })
     }
 
-    /// Reads up to `size` bytes at `offset` through handle `fh`.
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
-        let handle = lock(&self.handles)
-            .get(&fh)
-            .cloned()
-            .ok_or(FsError::BadHandle)?;
+    /// A passthrough descriptor for entry `id` if it is complete and verified; if it is
+    /// complete but not yet verified in this mount, the verification is queued (off the read
+    /// path) and this open is served by the daemon.
+    fn passthrough_file(&self, id: EntryId) -> Option<std::fs::File> {
+        if let Some(f) = self.store.pin_passthrough(id) {
+            return Some(f);
+        }
+        if self.store.is_complete(id) {
+            if let Some(tx) = lock(&self.verify).as_ref() {
+                let _ = tx.try_send(id);
+            }
+        }
+        None
+    }
+
+    /// Reads up to `size` bytes at `offset` through handle `fh` (0: no handle, for kernels
+    /// that skip `open`; then the inode decides).
+    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> Result<ReadData, FsError> {
+        let handle = lock(&self.handles).get(&fh).cloned();
+        let Some(handle) = handle else {
+            if fh != 0 {
+                return Err(FsError::BadHandle);
+            }
+            return self.read_unopened(ino, offset, size);
+        };
         match &*handle {
-            Handle::Source {
-                rel, sig, ra, memo, ..
-            } => {
-                self.stats.reads.fetch_add(1, Relaxed);
-                if let Some(ahead) = lock(ra).on_read(offset, u64::from(size), sig.size) {
-                    self.fetcher.prefetch_bytes(rel, *sig, ahead);
-                }
-                let data = self
-                    .fetcher
-                    .read_with_memo(rel, *sig, offset, size as usize, Some(memo))
-                    .map_err(|e| {
-                        let e = FsError::from(e);
-                        if !matches!(e, FsError::Stale(_)) {
-                            self.stats.error(e.to_string());
-                        }
-                        e
-                    })?;
-                Ok(data)
-            }
-            Handle::View(v) => {
-                let views = self.views()?;
-                Ok(views.read(v, offset, size as usize).inspect_err(|e| {
-                    let msg = format!("view read failed: {e}");
-                    if !self.stats.has_error(&msg) {
-                        warn!("{msg}");
-                        self.stats.error(msg);
-                    }
-                })?)
-            }
+            Handle::Source { state, ra, .. } => self.files.read(state, ra, offset, size),
+            Handle::View(v) => self.read_view(v, offset, size),
             Handle::Bytes(bytes) => {
                 let start = (offset as usize).min(bytes.len());
                 let end = start.saturating_add(size as usize).min(bytes.len());
-                Ok(bytes[start..end].to_vec())
+                Ok(ReadData::Gathered(bytes[start..end].to_vec()))
             }
         }
+    }
+
+    fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<ReadData, FsError> {
+        match self.node(ino)? {
+            Node::Source(id) => {
+                let attr = self.node_attr(id)?;
+                if attr.kind != FileKind::File {
+                    return Err(FsError::IsDir);
+                }
+                let state = self.files.state(id, &attr)?;
+                if offset == 0 {
+                    self.files.opened(id, attr.size);
+                }
+                self.files.read(&state, &state.ra, offset, size)
+            }
+            Node::Virtual(Virtual::Stats) => {
+                let s = self.stats_json().into_bytes();
+                let start = (offset as usize).min(s.len());
+                let end = start.saturating_add(size as usize).min(s.len());
+                Ok(ReadData::Gathered(s[start..end].to_vec()))
+            }
+            Node::Virtual(Virtual::ViewFile(rel)) => {
+                let known = lock(&self.views_by_ino).get(&ino).cloned();
+                let v = match known {
+                    Some(v) => v,
+                    None => {
+                        let v = self.views()?.open(&rel)?;
+                        lock(&self.views_by_ino).insert(ino, v.clone());
+                        v
+                    }
+                };
+                self.read_view(&v, offset, size)
+            }
+            Node::Virtual(_) => Err(FsError::IsDir),
+        }
+    }
+
+    fn read_view(&self, v: &OpenView, offset: u64, size: u32) -> Result<ReadData, FsError> {
+        let views = self.views()?;
+        Ok(views.read(v, offset, size as usize).inspect_err(|e| {
+            let msg = format!("view read failed: {e}");
+            if !self.stats.has_error(&msg) {
+                warn!("{msg}");
+                self.stats.error(msg);
+            }
+        })?)
     }
 
     /// Releases handle `fh`.
     pub fn release(&self, fh: u64) {
         if let Some(h) = lock(&self.handles).remove(&fh) {
             if let Handle::Source {
-                rel, pinned: true, ..
+                pinned: Some(id), ..
             } = &*h
             {
-                self.store.unpin(rel);
+                self.store.unpin(*id);
             }
         }
     }
@@ -663,23 +886,15 @@ impl FsCore {
 
     /// The root inode number.
     pub fn root(&self) -> u64 {
-        ROOT
+        ROOT_INO
     }
-}
 
-fn not_found(e: std::io::Error) -> FsError {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => FsError::NotFound,
-        _ if e.raw_os_error() == Some(libc::ENOTDIR) => FsError::NotFound,
-        _ => FsError::Io(e),
-    }
-}
-
-fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    /// How long the kernel may cache entries and attributes: the life of the mount under
+    /// snapshot semantics, the revalidation interval otherwise.
+    pub fn ttl(&self) -> Duration {
+        self.cfg
+            .revalidate
+            .unwrap_or(Duration::from_secs(365 * 24 * 3600))
     }
 }
 
@@ -689,7 +904,6 @@ pub fn log_summary(core: &FsCore) {
     info!(
         from_cache = s.bytes_from_cache,
         from_source = s.bytes_from_source,
-        hit_ratio = s.hit_ratio,
         staged = s.bytes_staged,
         "unmounted"
     );

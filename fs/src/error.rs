@@ -1,15 +1,18 @@
 //! Every error the filesystem core can return, and the one place where each becomes an errno.
 
 use std::io;
+use std::path::PathBuf;
 
-use stagefs_prefetch::SourceError;
+use stagefs_prefetch::{CacheError, SourceError};
 use stagefs_views::ViewError;
 use thiserror::Error;
 
-/// An error answered to a filesystem request.
+use crate::snapshot::SnapshotError;
+
+/// An error answered to a filesystem request (or met while mounting).
 #[derive(Debug, Error)]
 pub enum FsError {
-    /// No such file or directory (in the source or the virtual trees).
+    /// No such file or directory (in the snapshot or the virtual trees).
     #[error("no such file or directory")]
     NotFound,
     /// The inode or handle is unknown (the kernel asked about something never looked up).
@@ -27,19 +30,35 @@ pub enum FsError {
     /// Not a symbolic link.
     #[error("not a symbolic link")]
     NotSymlink,
-    /// The file changed or vanished on the source since it was opened; serving it would mix
+    /// A request handler panicked (a bug; logged); the request fails, the mount stays.
+    #[error("internal error")]
+    Internal,
+    /// The file changed or vanished on the source since the snapshot; serving it would mix
     /// versions.
     #[error("{0}")]
     Stale(SourceError),
-    /// A view's input is corrupt or unsupported (logged with the reason).
-    #[error("corrupt input: {0}")]
-    Corrupt(String),
-    /// An I/O error from the source or the cache.
-    #[error("{0}")]
-    Io(#[from] io::Error),
     /// A source read failed.
     #[error("{0}")]
     Source(SourceError),
+    /// The metadata snapshot could not be taken, loaded or asked.
+    #[error("{0}")]
+    Snapshot(#[from] SnapshotError),
+    /// `--index` names a snapshot of another directory.
+    #[error("{} is an index of {}, not of {}: give the index of this source (stagefs index {})", index.display(), of.display(), mounted.display(), mounted.display())]
+    IndexMismatch {
+        /// The index file.
+        index: PathBuf,
+        /// The source it was taken of.
+        of: PathBuf,
+        /// The source being mounted.
+        mounted: PathBuf,
+    },
+    /// The cache directory could not be opened (privacy checks, I/O).
+    #[error("{0}")]
+    Cache(#[from] CacheError),
+    /// An I/O error of the daemon itself (threads, the cache directory).
+    #[error("{0}")]
+    Io(#[from] io::Error),
     /// A tensor view could not be listed, opened or rendered.
     #[error("{0}")]
     View(#[from] ViewError),
@@ -54,6 +73,33 @@ impl From<SourceError> for FsError {
     }
 }
 
+/// The errno a source error stands for (also recorded for a directory that failed to list).
+pub(crate) fn source_errno(e: &SourceError) -> i32 {
+    match e {
+        SourceError::Changed { .. } | SourceError::Gone { .. } => libc::ESTALE,
+        SourceError::Outside { .. } => libc::EACCES,
+        SourceError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+fn snapshot_errno(e: &SnapshotError) -> i32 {
+    match e {
+        // A directory that disappeared since the snapshot has nothing to list; other source
+        // errors keep their errno (EACCES of an unreadable directory, EIO of a failing disk).
+        SnapshotError::Source(SourceError::Gone { .. }) => libc::ENOENT,
+        SnapshotError::Source(s) | SnapshotError::Root { source: s, .. } => source_errno(s),
+        SnapshotError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        SnapshotError::Corrupt { .. } | SnapshotError::WrongFormat { .. } => libc::EIO,
+        SnapshotError::TimedOut { .. } => libc::ETIMEDOUT,
+        SnapshotError::NotDir { .. } => libc::ENOTDIR,
+        SnapshotError::Unlisted { errno, .. } if *errno > 0 => *errno,
+        SnapshotError::Unlisted { .. } => libc::EIO,
+        SnapshotError::TooLarge { .. } => libc::EOVERFLOW,
+        SnapshotError::NoNode(_) => libc::ENOENT,
+        SnapshotError::NoSource | SnapshotError::ScanStopped => libc::EIO,
+    }
+}
+
 impl FsError {
     /// The errno answered to the kernel.
     pub fn errno(&self) -> i32 {
@@ -64,14 +110,17 @@ impl FsError {
             FsError::IsDir => libc::EISDIR,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotSymlink => libc::EINVAL,
-            FsError::Stale(_) => libc::ESTALE,
-            FsError::Corrupt(_) => libc::EIO,
-            FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
-            FsError::Source(SourceError::Io { source, .. }) => {
+            FsError::Internal => libc::EIO,
+            FsError::Stale(e) | FsError::Source(e) => source_errno(e),
+            FsError::Snapshot(e) => snapshot_errno(e),
+            FsError::IndexMismatch { .. } => libc::EINVAL,
+            FsError::Cache(CacheError::Unsafe { .. }) => libc::EACCES,
+            FsError::Cache(CacheError::Dir { source, .. }) => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
-            FsError::Source(SourceError::Changed { .. } | SourceError::Gone { .. }) => libc::ESTALE,
-            FsError::Source(SourceError::Outside { .. }) => libc::EACCES,
+            FsError::Cache(CacheError::Write(e)) | FsError::Io(e) => {
+                e.raw_os_error().unwrap_or(libc::EIO)
+            }
             FsError::View(ViewError::NotFound(_)) => libc::ENOENT,
             FsError::View(ViewError::Corrupt { .. } | ViewError::Unsupported { .. }) => libc::EIO,
             FsError::View(ViewError::Io(e)) => e.raw_os_error().unwrap_or(libc::EIO),

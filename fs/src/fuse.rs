@@ -1,55 +1,68 @@
 //! The thin fuser adapter: translates kernel requests into [`FsCore`] calls and results into
 //! replies. All errno mapping lives in [`FsError::errno`]; all behaviour lives in the core.
 //!
-//! Passthrough: when the kernel grants `FUSE_PASSTHROUGH` (root, kernel ≥ 6.9), fully cached
-//! files are opened with a backing file so the kernel reads scratch directly. One backing id is
-//! kept per inode while any handle uses it, as the kernel requires; if registering a backing file
-//! fails, passthrough is switched off for the rest of the mount and reads go through the daemon.
+//! Round trips per file are what a many-small-file epoch pays for, as a normal user (no
+//! passthrough, no io_uring). So: entries and attributes are cached by the kernel for the life
+//! of the mount (snapshot semantics; the `--revalidate` interval otherwise); listings come with
+//! attributes (`readdirplus`), so `ls -l`, `find` and a DataLoader's first walk need no lookup
+//! per file; symlink targets are cached; `opendir` and `flush` answer `ENOSYS` once, after
+//! which the kernel stops sending them; reads of up to 1 MiB are allowed (`FUSE_MAX_PAGES`),
+//! and each is answered with a slice of a cached block.
+//!
+//! Passthrough: when the kernel grants `FUSE_PASSTHROUGH` (root, kernel ≥ 6.9), fully cached,
+//! verified large files are opened with a backing file so the kernel reads scratch directly.
+//! One backing id per inode is shared by its open handles ([`BackingCache`], one lock); if
+//! registering a backing file fails, passthrough is switched off for the rest of the mount.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use fuser::{
     BackingId, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
+use stagefs_prefetch::FileKind;
 use tracing::{info, warn};
 
-use crate::core::{Attr, FsCore, Kind};
+use crate::core::{lock, Attr, FsCore};
 use crate::error::FsError;
 
-/// How long the kernel may cache attributes and entries: short, so a source file changed while
-/// mounted shows its new size within a second; long enough to absorb `stat` storms.
-pub const TTL: Duration = Duration::from_secs(1);
-/// Kernel read-ahead asked for: 1 MiB, one cache block per request.
+/// Kernel read-ahead asked for: 1 MiB, one cache block per request (the kernel caps it at what
+/// it offers: 128 KiB for most mounts unless an admin raises the bdi's read_ahead_kb).
 pub const MAX_READAHEAD: u32 = 1 << 20;
+
+/// Backing files registered for passthrough: one id per inode, shared by its handles.
+#[derive(Default)]
+pub struct BackingCache {
+    by_fh: HashMap<u64, Arc<BackingId>>,
+    by_ino: HashMap<u64, Weak<BackingId>>,
+}
 
 /// The fuser filesystem over a [`FsCore`].
 pub struct FuseFs {
     core: Arc<FsCore>,
     passthrough: AtomicBool,
-    backing: Mutex<HashMap<u64, (Arc<BackingId>, usize)>>,
-    fh_ino: Mutex<HashMap<u64, u64>>,
+    skip_open: bool,
+    backing: Mutex<BackingCache>,
 }
 
 impl FuseFs {
-    /// An adapter over `core`; `passthrough` asks the kernel for FUSE passthrough.
-    pub fn new(core: Arc<FsCore>, passthrough: bool) -> FuseFs {
+    /// An adapter over `core`; `passthrough` asks the kernel for FUSE passthrough; `skip_open`
+    /// answers the first `open` with `ENOSYS`, after which the kernel opens files without
+    /// asking (`FUSE_NO_OPEN_SUPPORT`: no open or release round trip per file, and the page
+    /// cache kept across opens). Passthrough needs opens, so it wins when granted.
+    pub fn new(core: Arc<FsCore>, passthrough: bool, skip_open: bool) -> FuseFs {
         FuseFs {
             core,
             passthrough: AtomicBool::new(passthrough),
-            backing: Mutex::new(HashMap::new()),
-            fh_ino: Mutex::new(HashMap::new()),
+            skip_open,
+            backing: Mutex::new(BackingCache::default()),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Runs a core call, turning a panic into `EIO` for this request: a bug triggered by one file
@@ -57,7 +70,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn guard<T>(what: &str, f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
         tracing::error!(request = what, "internal error (panic) answered with EIO");
-        Err(FsError::Io(std::io::Error::from_raw_os_error(libc::EIO)))
+        Err(FsError::Internal)
     })
 }
 
@@ -65,15 +78,15 @@ fn errno(e: &FsError) -> fuser::Errno {
     fuser::Errno::from_i32(e.errno())
 }
 
-fn file_type(kind: Kind) -> FileType {
+fn file_type(kind: FileKind) -> FileType {
     match kind {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
     }
 }
 
@@ -82,9 +95,9 @@ fn attr(a: &Attr) -> FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
         blocks: a.blocks,
-        atime: a.atime,
+        atime: a.mtime,
         mtime: a.mtime,
-        ctime: a.ctime,
+        ctime: a.mtime,
         crtime: a.mtime,
         kind: file_type(a.kind),
         perm: a.perm,
@@ -97,9 +110,26 @@ fn attr(a: &Attr) -> FileAttr {
     }
 }
 
+impl FuseFs {
+    fn ttl(&self) -> Duration {
+        self.core.ttl()
+    }
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_readahead(MAX_READAHEAD);
+        if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(max);
+        }
+        // Each is an optimisation the kernel may not offer: take what it has.
+        for flag in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
         if self.passthrough.load(Relaxed) {
             let granted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(1).is_ok();
@@ -111,14 +141,18 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match guard("lookup", || self.core.lookup(parent.0, name)) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match guard("getattr", || self.core.getattr(ino.0)) {
-            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            // The stats file changes size as counters grow: never cache its attributes.
+            Ok(a) if a.ino >= crate::inode::VIRTUAL_BASE && a.kind == FileKind::File => {
+                reply.attr(&Duration::ZERO, &attr(&a))
+            }
+            Ok(a) => reply.attr(&self.ttl(), &attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -134,6 +168,10 @@ impl Filesystem for FuseFs {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY)
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let passthrough = self.passthrough.load(Relaxed);
+        if self.skip_open && !passthrough && !write {
+            // Reads then arrive without a handle; the core serves them by inode.
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         let opened = match guard("open", || self.core.open(ino.0, write, passthrough)) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(&e)),
@@ -147,19 +185,15 @@ impl Filesystem for FuseFs {
         }
         let fh = opened.fh;
         if let Some(file) = opened.passthrough {
-            // Lock order: `backing` is never held while taking `fh_ino` (and vice versa); the
-            // guard lives only for this block.
             let id = {
-                let mut backing = lock(&self.backing);
-                match backing.get_mut(&ino.0) {
-                    Some((id, users)) => {
-                        *users += 1;
-                        Some(id.clone())
-                    }
+                let mut b = lock(&self.backing);
+                let shared = b.by_ino.get(&ino.0).and_then(Weak::upgrade);
+                let id = match shared {
+                    Some(id) => Some(id),
                     None => match reply.open_backing(&file) {
                         Ok(id) => {
                             let id = Arc::new(id);
-                            backing.insert(ino.0, (id.clone(), 1));
+                            b.by_ino.insert(ino.0, Arc::downgrade(&id));
                             Some(id)
                         }
                         Err(e) => {
@@ -168,10 +202,13 @@ impl Filesystem for FuseFs {
                             None
                         }
                     },
+                };
+                if let Some(id) = &id {
+                    b.by_fh.insert(fh, id.clone());
                 }
+                id
             };
             if let Some(id) = id {
-                lock(&self.fh_ino).insert(fh, ino.0);
                 // The kernel refuses (EIO) passthrough opens carrying any flag outside its mask,
                 // FOPEN_KEEP_CACHE included: the page cache is the backing file's here.
                 return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
@@ -183,7 +220,7 @@ impl Filesystem for FuseFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -191,8 +228,8 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match guard("read", || self.core.read(fh.0, offset, size)) {
-            Ok(data) => reply.data(&data),
+        match guard("read", || self.core.read(ino.0, fh.0, offset, size)) {
+            Ok(data) => reply.data(data.as_ref()),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -207,15 +244,13 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // Bound first so the `fh_ino` guard is dropped before `backing` is locked: an `if let`
-        // on the guard's expression would hold it for the whole block and deadlock with open().
-        let passthrough_ino = lock(&self.fh_ino).remove(&fh.0);
-        if let Some(ino) = passthrough_ino {
-            let mut backing = lock(&self.backing);
-            if let Some((_, users)) = backing.get_mut(&ino) {
-                *users -= 1;
-                if *users == 0 {
-                    backing.remove(&ino);
+        {
+            let mut b = lock(&self.backing);
+            if let Some(id) = b.by_fh.remove(&fh.0) {
+                if Arc::strong_count(&id) == 1 {
+                    b.by_ino.retain(|_, w| {
+                        w.strong_count() > 0 && !Weak::ptr_eq(w, &Arc::downgrade(&id))
+                    });
                 }
             }
         }
@@ -231,16 +266,15 @@ impl Filesystem for FuseFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Read-only: nothing to write back on close.
-        reply.ok();
+        // Read-only: nothing to write back on close. ENOSYS makes the kernel stop sending
+        // flush at every close (one round trip fewer per file).
+        reply.error(fuser::Errno::ENOSYS);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.core.getattr(ino.0) {
-            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Ok(_) => reply.error(errno(&FsError::NotDir)),
-            Err(e) => reply.error(errno(&e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Directories need no handle: ENOSYS makes the kernel skip opendir/releasedir from now
+        // on (FUSE_NO_OPENDIR_SUPPORT); listings are served from the snapshot by inode.
+        reply.error(fuser::Errno::ENOSYS);
     }
 
     fn readdir(
@@ -251,28 +285,44 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match guard("readdir", || self.core.readdir(ino.0)) {
-            Ok(e) => e,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        // Offsets: 1 = ".", 2 = "..", 3.. = entries; the kernel resumes after the last offset.
-        let parent = ino.0;
-        let dots = [
-            (1u64, parent, FileType::Directory, OsStr::new(".")),
-            (2, parent, FileType::Directory, OsStr::new("..")),
-        ];
-        for (off, ino, kind, name) in dots {
-            if off > offset && reply.add(INodeNo(ino), off, kind, name) {
-                return reply.ok();
-            }
+        let r = guard("readdir", || {
+            self.core.readdir(ino.0, offset, |e| {
+                reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), e.name)
+            })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        for (i, e) in entries.iter().enumerate() {
-            let off = i as u64 + 3;
-            if off > offset && reply.add(INodeNo(e.ino), off, file_type(e.kind), &e.name) {
-                break;
-            }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.ttl();
+        let r = guard("readdirplus", || {
+            self.core.readdir(ino.0, offset, |e| {
+                // `.` and `..` carry no entry the kernel could cache (their attributes are
+                // not looked up by name).
+                reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    e.name,
+                    &ttl,
+                    &attr(&e.attr),
+                    Generation(0),
+                )
+            })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -295,7 +345,7 @@ impl Filesystem for FuseFs {
         if mask.bits() & libc::W_OK != 0 {
             return reply.error(errno(&FsError::ReadOnly));
         }
-        match self.core.getattr(ino.0) {
+        match guard("access", || self.core.getattr(ino.0)) {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }

@@ -1,18 +1,26 @@
-//! The stagefs filesystem: a read-only mirror of a source tree served through the scratch
-//! cache, plus virtual control files and tensor views.
+//! The stagefs filesystem: a read-only mirror of a source tree served from a metadata snapshot
+//! through the scratch cache, plus virtual control files and tensor views.
 //!
 //! [`core::FsCore`] holds all behaviour as plain methods (lookup, getattr, readdir, open, read,
 //! release) that tests call without a kernel mount; [`fuse`] is a thin adapter that translates
 //! fuser requests and replies, mapping errors to errno in one place ([`error`]).
+//!
+//! - [`snapshot`]: the tree's metadata, listed once with many requests in flight, persisted.
+//! - [`files`]: source files through the cache (node → entry binding, read path, prefetch).
+//! - [`views`]: the `.npy/` tree.
+//! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 
 pub mod control;
 pub mod core;
 pub mod error;
+pub mod files;
 pub mod fuse;
 pub mod inode;
-pub mod listing;
 pub mod mount;
+pub mod snapshot;
 pub mod views;
 
 pub use crate::core::{FsConfig, FsCore};
 pub use error::FsError;
+/// What the CLI needs of the cache layer, so it does not reach into `stagefs-prefetch`.
+pub use stagefs_prefetch::{cachedir::CacheDir, hash::stable_hash, FetchConfig, StatsSnapshot};

@@ -22,6 +22,8 @@ pub struct MountOptions {
     pub threads: usize,
     /// Let other users read the mount (needs `user_allow_other` in /etc/fuse.conf for non-root).
     pub allow_other: bool,
+    /// Let the kernel open files without asking the daemon (see [`FuseFs::new`]).
+    pub skip_open: bool,
 }
 
 /// A live mount.
@@ -60,9 +62,28 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
-    let mut session = Session::new(FuseFs::new(core, opts.passthrough), mountpoint, &cfg)?;
+    let fs = FuseFs::new(core.clone(), opts.passthrough, opts.skip_open);
+    let mut session = Session::new(fs, mountpoint, &cfg)?;
     let unmounter = session.unmount_callable();
     let session = session.spawn()?;
+    if opts.skip_open {
+        // Without opens the kernel keeps every file's pages, the stats file's too: drop its
+        // pages every second so that a read of it is at most that old.
+        let notifier = session.notifier();
+        let weak = Arc::downgrade(&core);
+        std::thread::Builder::new()
+            .name("stagefs-statsinval".into())
+            .spawn(move || {
+                while let Some(core) = weak.upgrade() {
+                    if core.stopped() {
+                        break;
+                    }
+                    let _ = notifier.inval_inode(fuser::INodeNo(core.stats_ino()), 0, 0);
+                    drop(core);
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            })?;
+    }
     Ok(Mounted {
         session,
         unmounter: Some(unmounter),

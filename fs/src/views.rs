@@ -1,117 +1,205 @@
 //! The `.npy/` tree inside the mount: tensor views of the source's tables and image folders.
 //!
-//! The views (from `stagefs-views`) read their inputs through [`MountSource`], i.e. through
-//! the same scratch cache and fetcher as ordinary reads, so decoding warms the cache and never
-//! bypasses it. Rendered bytes are cached on scratch too, in the same store and LRU as raw
-//! blocks, under a key derived from the view path and a *generation* (a hash of the source
-//! tree's names, sizes and mtimes at scan time plus the image size): a view is rendered once per
-//! dataset version, and a remount after the source changed renders afresh. The tree is scanned
-//! on the first access to `.npy/`; changes made to the source after that show up at the next
-//! mount.
+//! The views (from `stagefs-views`) read their inputs through [`MountSource`]: listings from
+//! the metadata snapshot, bytes through the same scratch cache and fetcher as ordinary reads, so
+//! decoding warms the cache and never bypasses it. Rendered bytes are cached on scratch too, in
+//! the same index under a typed key (the view's path under `.npy/`) and a *generation* (a hash
+//! of the names, sizes, mtimes and inodes of the view's inputs in the snapshot, plus the render
+//! options): a view is rendered once per dataset version, across remounts.
+//!
+//! Rendering and caching go by the view's *render unit* ([`View::render_unit`]): for an image
+//! view one slot, so a random read of one image decodes one image; units go through the
+//! fetcher's in-flight de-duplication, so concurrent readers of one unit render it once. An
+//! opened view is also rendered front to back in the background, so sequential readers find it
+//! ready.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
-use std::fs;
+use std::hash::Hasher;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use stagefs_prefetch::meta::path_key;
-use stagefs_prefetch::{block_count, block_len, Fetcher, Signature, Stats, BLOCK_SIZE};
+use bytes::Bytes;
+use stagefs_prefetch::hash::StableHasher;
+use stagefs_prefetch::{EntryId, FileKind, KeyKind, LoadedEntry, Version};
 use stagefs_views::{
     ByteSource, EntryKind, SourceEntry, View, ViewError, ViewKind, ViewOptions, ViewSet,
 };
 use tracing::{debug_span, warn};
 
-/// Prefix of the cache keys of rendered views; no source path starts with a NUL byte.
-const RENDER_PREFIX: &str = "\0npy";
-/// Blocks rendered together on a miss: a 4 MiB span (≈ 28 slots of 224² images) amortises the
-/// images that straddle block boundaries while keeping a random read's latency bounded.
-const RENDER_SPAN: u64 = 4;
+use crate::core::lock;
+use crate::files::{Files, ReadData};
+use crate::snapshot::{NodeAttr, Snapshot, ROOT};
+
 /// Views waiting for background rendering; more are dropped (reads render on demand anyway).
 const BACKGROUND_QUEUE: usize = 16;
 
-/// A [`ByteSource`] over the mount's source, reading through the scratch cache.
+/// A [`ByteSource`] over the mount's snapshot and cache.
 pub struct MountSource {
-    root: PathBuf,
-    fetcher: Fetcher,
+    snapshot: Arc<Snapshot>,
+    files: Arc<Files>,
 }
 
 impl MountSource {
-    fn sig(&self, rel: &Path) -> io::Result<Signature> {
-        let meta = fs::symlink_metadata(self.root.join(rel))?;
-        if !meta.is_file() {
+    fn file(&self, rel: &Path) -> io::Result<(u32, NodeAttr)> {
+        let node = self
+            .snapshot
+            .resolve(rel)
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let attr = self
+            .snapshot
+            .attr(node)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        if attr.kind != FileKind::File {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{} is not a regular file", rel.display()),
             ));
         }
-        Ok(Signature::of(&meta))
+        Ok((node, attr))
     }
 }
 
 impl ByteSource for MountSource {
     fn len(&self, rel: &Path) -> io::Result<u64> {
-        Ok(self.sig(rel)?.size)
+        Ok(self.file(rel)?.1.size)
     }
 
     fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let sig = self.sig(rel)?;
-        let data = self
-            .fetcher
-            .read(rel, sig, offset, buf.len())
-            .map_err(io::Error::other)?;
-        buf[..data.len()].copy_from_slice(&data);
-        Ok(data.len())
+        let (node, attr) = self.file(rel)?;
+        let state = self.files.state(node, &attr).map_err(io::Error::other)?;
+        let mut done = 0;
+        // Reads of up to 1 MiB at a time: each is one cache block (or a slice of one).
+        while done < buf.len() {
+            let want = (buf.len() - done).min(1 << 20) as u32;
+            let data = self
+                .files
+                .read(&state, &state.ra, offset + done as u64, want)
+                .map_err(io::Error::other)?;
+            let data = data.as_ref();
+            if data.is_empty() {
+                break;
+            }
+            buf[done..done + data.len()].copy_from_slice(data);
+            done += data.len();
+        }
+        Ok(done)
     }
 
     fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {
+        let node = self
+            .snapshot
+            .resolve(rel)
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         let mut out = Vec::new();
-        for e in fs::read_dir(self.root.join(rel))? {
-            let e = e?;
-            let t = e.file_type()?;
-            let kind = if t.is_file() {
-                EntryKind::File
-            } else if t.is_dir() {
-                EntryKind::Dir
-            } else {
-                EntryKind::Other
-            };
-            out.push(SourceEntry {
-                name: e.file_name(),
-                kind,
-            });
-        }
+        self.snapshot
+            .read_dir(node, 0, |_, _, name, attr| {
+                out.push(SourceEntry {
+                    name: name.to_os_string(),
+                    kind: match attr.kind {
+                        FileKind::File => EntryKind::File,
+                        FileKind::Dir => EntryKind::Dir,
+                        _ => EntryKind::Other,
+                    },
+                });
+                true
+            })
+            .map_err(io::Error::other)?;
         Ok(out)
+    }
+}
+
+/// How a view is cut into render units: a first unit `[0, first)`, then units of `unit` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Units {
+    first: u64,
+    unit: u64,
+    len: u64,
+}
+
+impl Units {
+    fn of(view: &dyn View) -> Units {
+        let len = view.len();
+        let first = view.render_unit(0).end.clamp(1, len.max(1));
+        let next = view.render_unit(first);
+        let unit = (next.end.saturating_sub(next.start)).max(1);
+        Units { first, unit, len }
+    }
+
+    fn count(&self) -> u32 {
+        if self.len == 0 {
+            return 0;
+        }
+        let rest = self.len.saturating_sub(self.first).div_ceil(self.unit);
+        u32::try_from(1 + rest).unwrap_or(u32::MAX)
+    }
+
+    fn slot(&self, offset: u64) -> u32 {
+        if offset < self.first {
+            0
+        } else {
+            u32::try_from(1 + (offset - self.first) / self.unit).unwrap_or(u32::MAX)
+        }
+    }
+
+    fn range(&self, slot: u32) -> std::ops::Range<u64> {
+        if slot == 0 {
+            return 0..self.first.min(self.len);
+        }
+        let start = self.first + u64::from(slot - 1) * self.unit;
+        start.min(self.len)..start.saturating_add(self.unit).min(self.len)
     }
 }
 
 /// A view opened for reading, with its cache identity.
 pub struct OpenView {
     view: Arc<dyn View>,
-    key_path: PathBuf,
-    sig: Signature,
+    entry: EntryId,
+    units: Units,
+    key: PathBuf,
+}
+
+impl OpenView {
+    /// The view's size.
+    pub fn len(&self) -> u64 {
+        self.units.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.units.len == 0
+    }
 }
 
 /// The `.npy/` namespace of a mount.
 pub struct Views {
     set: ViewSet,
-    generation: i64,
-    fetcher: Fetcher,
+    snapshot: Arc<Snapshot>,
+    files: Arc<Files>,
+    options_hash: u64,
+    /// View entries left by earlier mounts, by key: reused when the generation matches.
+    loaded: Mutex<HashMap<Vec<u8>, (EntryId, Version)>>,
+    /// Entries of views opened in this mount.
+    opened: Mutex<HashMap<PathBuf, (EntryId, Version)>>,
     background: SyncSender<Arc<OpenView>>,
 }
 
 impl Views {
-    /// Scans the source and prepares its views; starts the background renderer.
+    /// Prepares the views of the snapshot (listing from memory) and starts the background
+    /// renderer. `loaded`: view entries an earlier mount left in the cache.
     pub fn new(
-        root: &Path,
-        fetcher: Fetcher,
-        image_size: u32,
-        strict: bool,
+        snapshot: Arc<Snapshot>,
+        files: Arc<Files>,
+        opts: ViewOptions,
+        loaded: Vec<LoadedEntry>,
     ) -> Result<Arc<Views>, ViewError> {
-        let stats = fetcher.stats().clone();
+        let stats = files.fetcher().stats().clone();
         let on_bad: stagefs_views::view::BadInputHook =
             Arc::new(move |path: &Path, reason: &str| {
                 let msg = format!("bad view input {}: {reason}", path.display());
@@ -120,22 +208,36 @@ impl Views {
                     stats.error(msg);
                 }
             });
+        // Everything that changes rendered bytes is part of the cache identity.
+        let mut h = StableHasher::default();
+        h.write_u32(opts.image_size);
+        h.write_u8(u8::from(opts.strict));
+        h.write_u8(u8::from(opts.decode.fast));
+        h.write_u64(opts.decode.max_pixels);
+        h.write_u64(opts.decode.budget.total());
+        let options_hash = h.finish();
         let opts = ViewOptions {
-            image_size,
-            strict,
             on_bad: Some(on_bad),
+            ..opts
         };
         let src = Arc::new(MountSource {
-            root: root.to_path_buf(),
-            fetcher: fetcher.clone(),
+            snapshot: snapshot.clone(),
+            files: files.clone(),
         });
         let set = ViewSet::new(src, opts)?;
-        let generation = generation(root, image_size, strict);
         let (tx, rx) = sync_channel(BACKGROUND_QUEUE);
         let views = Arc::new(Views {
             set,
-            generation,
-            fetcher,
+            snapshot,
+            files,
+            options_hash,
+            loaded: Mutex::new(
+                loaded
+                    .into_iter()
+                    .map(|e| (e.key, (e.id, e.version)))
+                    .collect(),
+            ),
+            opened: Mutex::new(HashMap::new()),
             background: tx,
         });
         let weak = Arc::downgrade(&views);
@@ -161,91 +263,138 @@ impl Views {
             .collect())
     }
 
+    /// The source node a view path stands for: `.npy/<p>` is derived from source `<p>`, and a
+    /// view file `.npy/<p>/<f>` from its directory's input `<p>` (a table or an image folder).
+    pub fn input_of(&self, rel: &Path, is_dir: bool) -> Option<NodeAttr> {
+        let input = if is_dir { rel } else { rel.parent()? };
+        let node = if input.as_os_str().is_empty() {
+            ROOT
+        } else {
+            self.snapshot.resolve(input).ok()??
+        };
+        self.snapshot.attr(node)
+    }
+
+    /// A hash of every input of view directory `dir` (names, sizes, mtimes, inodes) and the
+    /// render options: the cache key part that changes when any input does.
+    fn generation(&self, dir: &Path) -> i64 {
+        let mut h = StableHasher::default();
+        h.write_u64(self.options_hash);
+        let node = if dir.as_os_str().is_empty() {
+            Some(ROOT)
+        } else {
+            self.snapshot.resolve(dir).ok().flatten()
+        };
+        let mut stack: Vec<u32> = node.into_iter().collect();
+        while let Some(n) = stack.pop() {
+            if let Some(a) = self.snapshot.attr(n) {
+                h.write_u64(a.size);
+                h.write_i64(a.mtime_ns);
+                h.write_u64(a.ino);
+                if a.kind == FileKind::Dir {
+                    let _ = self.snapshot.read_dir(n, 0, |_, id, name, _| {
+                        h.write(name.as_bytes());
+                        stack.push(id);
+                        true
+                    });
+                }
+            }
+        }
+        h.finish() as i64
+    }
+
     /// Opens the view file `rel`, queueing it for rendering in the background.
     pub fn open(&self, rel: &Path) -> Result<Arc<OpenView>, ViewError> {
         let view = self.set.open(rel)?;
-        let mut key_path = PathBuf::from(RENDER_PREFIX);
-        key_path.push(rel);
-        let sig = Signature {
-            size: view.len(),
-            mtime_ns: self.generation,
+        let units = Units::of(view.as_ref());
+        let version = Version {
+            size: units.len,
+            mtime_ns: self.generation(rel.parent().unwrap_or(Path::new(""))),
             ino: 0,
         };
+        let key = rel.to_path_buf();
+        let store = self.files.fetcher().store();
+        let known = lock(&self.opened).get(&key).copied();
+        let entry = match known {
+            Some((id, v)) if v == version => id,
+            _ => {
+                let reused = lock(&self.loaded).remove(key.as_os_str().as_bytes());
+                match reused {
+                    Some((id, v)) if v == version => id,
+                    other => {
+                        if let Some((id, _)) = other {
+                            store.forget(id);
+                        }
+                        store.create(
+                            KeyKind::View,
+                            key.as_os_str().as_bytes(),
+                            version,
+                            units.count(),
+                            false,
+                            0,
+                        )
+                    }
+                }
+            }
+        };
+        lock(&self.opened).insert(key.clone(), (entry, version));
         let open = Arc::new(OpenView {
             view,
-            key_path,
-            sig,
+            entry,
+            units,
+            key,
         });
-        if block_count(open.sig.size) > 1 {
+        if open.units.count() > 1 {
             // Full queue: skip; demand reads still render what they need.
             let _ = self.background.try_send(open.clone());
         }
         Ok(open)
     }
 
-    /// Reads `len` bytes at `offset` of an open view: rendered blocks from the cache, the rest
-    /// rendered now (a few blocks at a time) and cached.
-    pub fn read(&self, v: &OpenView, offset: u64, len: usize) -> Result<Vec<u8>, ViewError> {
-        let end = (offset + len as u64).min(v.sig.size);
-        if offset >= end {
-            return Ok(Vec::new());
-        }
-        let stats = self.fetcher.stats();
-        let store = self.fetcher.store();
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        let mut block = vec![0u8; BLOCK_SIZE as usize];
-        let mut idx = offset / BLOCK_SIZE;
-        while idx * BLOCK_SIZE < end {
-            let bstart = idx * BLOCK_SIZE;
-            let lo = (offset.max(bstart) - bstart) as usize;
-            let hi = (end.min(bstart + BLOCK_SIZE) - bstart) as usize;
-            if store
-                .read_block(&v.key_path, v.sig, idx, &mut block)
-                .is_some()
-            {
-                out.extend_from_slice(&block[lo..hi]);
-                idx += 1;
-                continue;
-            }
-            let rendered = self.render(v, idx, stats)?;
-            for (i, chunk) in rendered.chunks(BLOCK_SIZE as usize).enumerate() {
-                let b = idx + i as u64;
-                let bstart = b * BLOCK_SIZE;
-                if bstart >= end {
-                    break;
-                }
-                let lo = (offset.max(bstart) - bstart) as usize;
-                let hi = ((end.min(bstart + BLOCK_SIZE) - bstart) as usize).min(chunk.len());
-                out.extend_from_slice(&chunk[lo..hi]);
-            }
-            idx += block_count(rendered.len() as u64).max(1);
-        }
-        stats.view_bytes.fetch_add(out.len() as u64, Relaxed);
-        Ok(out)
+    /// Unit `slot` of an open view: from the cache, else rendered now (once, however many
+    /// readers ask at the same time) and cached.
+    fn unit(&self, v: &OpenView, slot: u32) -> Result<Bytes, ViewError> {
+        let fetcher = self.files.fetcher();
+        let got = fetcher.get_or_make(v.entry, slot, || {
+            let range = v.units.range(slot);
+            let _span =
+                debug_span!("render", view = %v.key.display(), offset = range.start).entered();
+            let mut buf = vec![0u8; (range.end - range.start) as usize];
+            let n = v.view.read_at(range.start, &mut buf)?;
+            buf.truncate(n);
+            fetcher.stats().views_rendered.fetch_add(1, Relaxed);
+            Ok::<_, ViewError>(Bytes::from(buf))
+        })?;
+        Ok(got.data)
     }
 
-    /// Renders blocks from `first` on (a span of them, missing ones only up to the first cached
-    /// one), caches them and returns their bytes.
-    fn render(&self, v: &OpenView, first: u64, stats: &Stats) -> Result<Vec<u8>, ViewError> {
-        let store = self.fetcher.store();
-        let total = block_count(v.sig.size);
-        let mut n = 1;
-        while n < RENDER_SPAN && first + n < total && !store.contains(&v.key_path, v.sig, first + n)
-        {
-            n += 1;
+    /// Reads `len` bytes at `offset` of an open view.
+    pub fn read(&self, v: &OpenView, offset: u64, len: usize) -> Result<ReadData, ViewError> {
+        let end = offset.saturating_add(len as u64).min(v.units.len);
+        if offset >= end {
+            return Ok(ReadData::Gathered(Vec::new()));
         }
-        let start = first * BLOCK_SIZE;
-        let len: u64 = (first..first + n).map(|b| block_len(v.sig.size, b)).sum();
-        let _span =
-            debug_span!("render", view = %v.key_path.display(), offset = start, len).entered();
-        let mut buf = vec![0u8; len as usize];
-        let got = v.view.read_at(start, &mut buf)?;
-        buf.truncate(got);
-        for (i, chunk) in buf.chunks(BLOCK_SIZE as usize).enumerate() {
-            store.insert_block(&v.key_path, v.sig, first + i as u64, chunk);
+        let stats = self.files.fetcher().stats();
+        stats.view_bytes.fetch_add(end - offset, Relaxed);
+        let first = v.units.slot(offset);
+        let last = v.units.slot(end - 1);
+        let cut = |slot: u32, data: &Bytes| {
+            let r = v.units.range(slot);
+            let lo = (offset.max(r.start) - r.start) as usize;
+            let hi = ((end.min(r.end) - r.start) as usize).min(data.len());
+            lo.min(hi)..hi
+        };
+        if first == last {
+            let data = self.unit(v, first)?;
+            let r = cut(first, &data);
+            return Ok(ReadData::Slice(data.slice(r)));
         }
-        stats.views_rendered.fetch_add(1, Relaxed);
-        Ok(buf)
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for slot in first..=last {
+            let data = self.unit(v, slot)?;
+            out.extend_from_slice(&data[cut(slot, &data)]);
+        }
+        Ok(ReadData::Gathered(out))
     }
 }
 
@@ -253,45 +402,15 @@ impl Views {
 fn render_in_background(rx: Receiver<Arc<OpenView>>, views: std::sync::Weak<Views>) {
     for v in rx {
         let Some(views) = views.upgrade() else { return };
-        let store = views.fetcher.store().clone();
-        let total = block_count(v.sig.size);
-        let mut idx = 0;
-        while idx < total {
-            if store.contains(&v.key_path, v.sig, idx) {
-                idx += 1;
+        let store = views.files.fetcher().store().clone();
+        for slot in 0..v.units.count() {
+            if store.contains(v.entry, slot) {
                 continue;
             }
-            match views.render(&v, idx, views.fetcher.stats()) {
-                Ok(bytes) => idx += block_count(bytes.len() as u64).max(1),
-                // Errors surface to readers of those bytes; stop rendering this view.
-                Err(_) => break,
+            // Errors surface to readers of those bytes; stop rendering this view.
+            if views.unit(&v, slot).is_err() {
+                break;
             }
         }
     }
-}
-
-/// A hash of every source file's path, size and mtime, plus the render options.
-fn generation(root: &Path, image_size: u32, strict: bool) -> i64 {
-    fn walk(root: &Path, rel: &Path, h: &mut u64) {
-        let Ok(dir) = fs::read_dir(root.join(rel)) else {
-            return;
-        };
-        let mut entries: Vec<_> = dir.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let child = rel.join(e.file_name());
-            let Ok(meta) = e.metadata() else { continue };
-            *h ^= path_key(&child).rotate_left(17)
-                ^ meta.size().wrapping_mul(0x9e37_79b9)
-                ^ (meta.mtime_nsec() as u64)
-                ^ (meta.mtime() as u64).rotate_left(32);
-            *h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            if meta.is_dir() {
-                walk(root, &child, h);
-            }
-        }
-    }
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ u64::from(image_size) ^ (u64::from(strict) << 40);
-    walk(root, Path::new(""), &mut h);
-    h as i64
 }

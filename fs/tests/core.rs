@@ -1,139 +1,280 @@
-//! The filesystem core driven directly, without a kernel mount.
+//! The filesystem core driven directly, without a kernel mount, over an injected source.
 #![allow(missing_docs, clippy::unwrap_used)]
+
+mod support;
 
 use std::ffi::OsStr;
 use std::fs;
-use std::sync::Arc;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
 
-use stagefs_fs::core::Kind;
-use stagefs_fs::{FsConfig, FsCore, FsError};
-use stagefs_prefetch::FetchConfig;
+use stagefs_fs::snapshot::{ScanOptions, Snapshot};
+use stagefs_fs::FsError;
+use stagefs_prefetch::{FileKind, LocalSource};
+use support::*;
 
-fn core(src: &std::path::Path, cache: &std::path::Path) -> Arc<FsCore> {
-    FsCore::new(FsConfig {
-        source: src.to_path_buf(),
-        cache_dir: cache.to_path_buf(),
-        cache_size: 64 << 20,
-        fetch: FetchConfig {
-            workers: 2,
-            max_queued: 64,
-        },
-        stage: false,
-        cross_file: 4,
-        image_size: 32,
-        strict_views: false,
-    })
-    .unwrap()
+fn tree(src: &std::path::Path) {
+    fs::create_dir_all(src.join("d/e")).unwrap();
+    fs::write(src.join("d/x.txt"), b"hello world").unwrap();
+    fs::write(src.join("d/e/small.bin"), pattern(1, 150_000)).unwrap();
+    fs::write(src.join("big"), pattern(2, (3 << 20) + 777)).unwrap();
+    fs::write(src.join("large"), pattern(3, (9 << 20) + 5)).unwrap();
+    fs::write(src.join("empty"), b"").unwrap();
+    std::os::unix::fs::symlink("../etc", src.join("d/up")).unwrap();
 }
 
-fn setup() -> (tempfile::TempDir, Arc<FsCore>) {
+fn setup() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    fs::create_dir_all(src.join("d")).unwrap();
-    fs::write(src.join("d/x.txt"), b"hello world").unwrap();
-    fs::write(src.join("big"), vec![7u8; 3 << 20]).unwrap();
-    std::os::unix::fs::symlink("../etc", src.join("d/up")).unwrap();
-    let c = core(&src, &tmp.path().join("cache"));
-    (tmp, c)
+    tree(&src);
+    let cache = tmp.path().join("cache");
+    (tmp, src, cache)
 }
 
 #[test]
-fn lookup_getattr_readdir_read() {
-    let (_tmp, c) = setup();
-    let d = c.lookup(c.root(), OsStr::new("d")).unwrap();
-    assert_eq!(d.kind, Kind::Dir);
-    let x = c.lookup(d.ino, OsStr::new("x.txt")).unwrap();
-    assert_eq!((x.kind, x.size), (Kind::File, 11));
+fn lookup_getattr_readdir_read_match_the_source() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let d = lookup(&c, &rel("d")).unwrap();
+    assert_eq!(d.kind, FileKind::Dir);
+    let x = lookup(&c, &rel("d/x.txt")).unwrap();
+    assert_eq!((x.kind, x.size), (FileKind::File, 11));
     assert_eq!(c.getattr(x.ino).unwrap(), x);
-    let names: Vec<_> = c
-        .readdir(c.root())
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert_eq!(names, [".stagefs", ".npy", "big", "d"]);
-    let o = c.open(x.ino, false, false).unwrap();
-    assert_eq!(c.read(o.fh, 6, 100).unwrap(), b"world");
-    assert!(c.read(o.fh, 100, 10).unwrap().is_empty());
-    c.release(o.fh);
-    assert!(matches!(c.read(o.fh, 0, 1), Err(FsError::BadHandle)));
-}
-
-#[test]
-fn errors_map_to_precise_errnos() {
-    let (_tmp, c) = setup();
-    let e = c.lookup(c.root(), OsStr::new("missing")).unwrap_err();
-    assert_eq!(e.errno(), libc::ENOENT);
-    let x = c
-        .lookup(
-            c.lookup(c.root(), OsStr::new("d")).unwrap().ino,
-            OsStr::new("x.txt"),
-        )
-        .unwrap();
-    assert_eq!(c.open(x.ino, true, false).unwrap_err().errno(), libc::EROFS);
-    assert_eq!(c.readdir(x.ino).unwrap_err().errno(), libc::ENOTDIR);
-    assert_eq!(c.readlink(x.ino).unwrap_err().errno(), libc::EINVAL);
-    assert_eq!(c.getattr(999_999).unwrap_err().errno(), libc::EBADF);
-    let d = c.lookup(c.root(), OsStr::new("d")).unwrap();
-    assert_eq!(
-        c.open(d.ino, false, false).unwrap_err().errno(),
-        libc::EISDIR
-    );
-}
-
-#[test]
-fn symlink_target_is_returned_verbatim() {
-    let (_tmp, c) = setup();
-    let d = c.lookup(c.root(), OsStr::new("d")).unwrap();
-    let l = c.lookup(d.ino, OsStr::new("up")).unwrap();
-    assert_eq!(l.kind, Kind::Symlink);
-    assert_eq!(c.readlink(l.ino).unwrap(), b"../etc");
-}
-
-#[test]
-fn stats_control_file_is_json_with_counters() {
-    let (_tmp, c) = setup();
-    let big = c.lookup(c.root(), OsStr::new("big")).unwrap();
-    let o = c.open(big.ino, false, false).unwrap();
-    assert_eq!(c.read(o.fh, 0, 1 << 20).unwrap().len(), 1 << 20);
-    let ctl = c.lookup(c.root(), OsStr::new(".stagefs")).unwrap();
-    let st = c.lookup(ctl.ino, OsStr::new("stats")).unwrap();
-    let h = c.open(st.ino, false, false).unwrap();
-    assert!(h.direct_io);
-    let json: serde_json::Value =
-        serde_json::from_slice(&c.read(h.fh, 0, 1 << 20).unwrap()).unwrap();
-    assert_eq!(json["bytes_from_source"], 1 << 20);
-    assert_eq!(json["reads"], 1);
+    assert_eq!(read(&c, &rel("d/x.txt"), 6, 100, 4096).unwrap(), b"world");
+    for (p, seed, len) in [("big", 2, (3 << 20) + 777), ("large", 3, (9 << 20) + 5)] {
+        let want = pattern(seed, len);
+        assert!(
+            read(&c, &rel(p), 0, len as u64, 128 << 10).unwrap() == want,
+            "{p}"
+        );
+        // A read straddling a block boundary.
+        let got = read(&c, &rel(p), (1 << 20) - 10, 20, 20).unwrap();
+        assert_eq!(got, &want[(1 << 20) - 10..(1 << 20) + 10]);
+    }
+    assert!(read(&c, &rel("empty"), 0, 10, 10).unwrap().is_empty());
+    let up = lookup(&c, &rel("d/up")).unwrap();
+    assert_eq!(c.readlink(up.ino).unwrap(), b"../etc");
+    assert!(matches!(lookup(&c, &rel("d/nope")), Err(FsError::NotFound)));
     c.shutdown();
 }
 
 #[test]
-fn reopen_of_unchanged_file_keeps_the_page_cache_and_a_changed_one_does_not() {
-    let (tmp, c) = setup();
-    let d = c.lookup(c.root(), OsStr::new("d")).unwrap();
-    let x = c.lookup(d.ino, OsStr::new("x.txt")).unwrap();
-    assert!(c.open(x.ino, false, false).unwrap().keep_cache);
-    assert!(c.open(x.ino, false, false).unwrap().keep_cache);
-    std::thread::sleep(std::time::Duration::from_millis(10));
-    fs::write(tmp.path().join("src/d/x.txt"), b"HELLO WORLD").unwrap();
-    let o = c.open(x.ino, false, false).unwrap();
-    assert!(
-        !o.keep_cache,
-        "a changed file must drop the kernel's cached pages"
-    );
-    assert_eq!(c.read(o.fh, 0, 5).unwrap(), b"HELLO");
+fn virtual_dirs_are_reachable_but_not_listed_in_the_root() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let root = names(&c, &rel(""), 100).unwrap();
+    assert_eq!(root, ["big", "d", "empty", "large"]);
+    assert!(lookup(&c, &rel(".stagefs/stats")).is_ok());
+    assert_eq!(lookup(&c, &rel(".npy")).unwrap().kind, FileKind::Dir);
+    // Listing in small chunks resumes where it stopped.
+    assert_eq!(names(&c, &rel("d"), 1).unwrap(), ["e", "up", "x.txt"]);
+    c.shutdown();
 }
 
 #[test]
-fn fully_cached_file_is_offered_for_passthrough() {
-    let (_tmp, c) = setup();
-    let big = c.lookup(c.root(), OsStr::new("big")).unwrap();
-    let o = c.open(big.ino, false, true).unwrap();
-    assert!(o.passthrough.is_none(), "nothing cached yet");
-    assert_eq!(c.read(o.fh, 0, 3 << 20).unwrap(), vec![7u8; 3 << 20]);
-    let o2 = c.open(big.ino, false, true).unwrap();
-    let f = o2
-        .passthrough
-        .expect("complete file offered for passthrough");
-    assert_eq!(f.metadata().unwrap().len(), 3 << 20);
+fn writes_fail_with_erofs() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let x = lookup(&c, &rel("d/x.txt")).unwrap();
+    assert!(matches!(c.open(x.ino, true, false), Err(FsError::ReadOnly)));
+    assert_eq!(FsError::ReadOnly.errno(), libc::EROFS);
+    c.shutdown();
+}
+
+#[test]
+fn remount_lists_nothing_and_serves_from_the_cache() {
+    let (_t, src, cache) = setup();
+    let (c, s1) = mount(config(&src, &cache));
+    for p in ["d/x.txt", "d/e/small.bin", "big", "large"] {
+        read(&c, &rel(p), 0, 20 << 20, 1 << 20).unwrap();
+    }
+    assert!(s1.metadata_calls() > 0);
+    c.shutdown();
+    let (c, s2) = mount(config(&src, &cache));
+    for p in ["d/x.txt", "d/e/small.bin", "big", "large"] {
+        read(&c, &rel(p), 0, 20 << 20, 1 << 20).unwrap();
+    }
+    assert_eq!(names(&c, &rel("d"), 100).unwrap().len(), 3);
+    assert_eq!(
+        s2.metadata_calls(),
+        0,
+        "a remount listed or statted the source"
+    );
+    assert_eq!(s2.reads.load(SeqCst), 0, "a remount re-read cached data");
+    c.shutdown();
+}
+
+#[test]
+fn mount_from_an_index_file_lists_nothing() {
+    let (tmp, src, cache) = setup();
+    let index = tmp.path().join("ds.stagefs-index");
+    let canon = fs::canonicalize(&src).unwrap();
+    let snap = Snapshot::scan(
+        std::sync::Arc::new(LocalSource::new(&canon).unwrap()),
+        &canon,
+        ScanOptions::default(),
+    )
+    .unwrap();
+    snap.save(&index).unwrap();
+    let mut cfg = config(&src, &cache);
+    cfg.index = Some(index.clone());
+    let (c, s) = mount(cfg);
+    assert_eq!(
+        read(&c, &rel("d/x.txt"), 0, 100, 100).unwrap(),
+        b"hello world"
+    );
+    assert_eq!(names(&c, &rel("d/e"), 100).unwrap(), ["small.bin"]);
+    assert_eq!(s.metadata_calls(), 0, "mount --index listed the source");
+    c.shutdown();
+    // An index of another directory is refused, saying which.
+    let other = tmp.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let mut cfg = config(&other, &tmp.path().join("cache2"));
+    cfg.index = Some(index);
+    let err = stagefs_fs::FsCore::with_source(cfg, Counting::new(&other))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("is an index of"), "{err}");
+}
+
+#[test]
+fn file_changed_since_the_snapshot_fails_with_estale_never_other_bytes() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    assert_eq!(read(&c, &rel("d/x.txt"), 0, 5, 5).unwrap(), b"hello");
+    // Cached bytes are the snapshot's version; an uncached file that changed is ESTALE.
+    fs::write(src.join("big"), pattern(99, (3 << 20) + 777)).unwrap();
+    let e = read(&c, &rel("big"), 0, 1 << 20, 1 << 20).unwrap_err();
+    assert_eq!(e.errno(), libc::ESTALE);
+    let stats = c.stats_json();
+    assert!(
+        stats.contains("changed on the source since the snapshot"),
+        "{stats}"
+    );
+    c.shutdown();
+}
+
+#[test]
+fn revalidate_sees_a_changed_file_and_a_new_one() {
+    let (_t, src, cache) = setup();
+    let mut cfg = config(&src, &cache);
+    cfg.revalidate = Some(Duration::from_millis(1));
+    let (c, _) = mount(cfg);
+    assert_eq!(
+        read(&c, &rel("d/x.txt"), 0, 100, 100).unwrap(),
+        b"hello world"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(src.join("d/x.txt"), b"new contents!").unwrap();
+    fs::write(src.join("d/new.txt"), b"fresh").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        read(&c, &rel("d/x.txt"), 0, 100, 100).unwrap(),
+        b"new contents!"
+    );
+    assert_eq!(read(&c, &rel("d/new.txt"), 0, 100, 100).unwrap(), b"fresh");
+    c.shutdown();
+}
+
+#[test]
+fn killed_daemon_then_remount_serves_exact_bytes() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    read(&c, &rel("large"), 0, 20 << 20, 1 << 20).unwrap();
+    c.abandon(); // kill -9: the index is not written at exit
+    let (c, _) = mount(config(&src, &cache));
+    assert!(read(&c, &rel("large"), 0, 20 << 20, 1 << 20).unwrap() == pattern(3, (9 << 20) + 5));
+    c.shutdown();
+}
+
+#[test]
+fn corrupt_cache_bytes_are_detected_and_fetched_again() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    read(&c, &rel("d/e/small.bin"), 0, 1 << 20, 1 << 20).unwrap();
+    c.shutdown();
+    // Flip bytes in every segment on scratch.
+    for e in fs::read_dir(cache.join("v2/segments")).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = fs::read(&p).unwrap();
+        for i in (0..b.len()).step_by(4096) {
+            b[i] ^= 0x55;
+        }
+        fs::write(&p, b).unwrap();
+    }
+    let (c, s) = mount(config(&src, &cache));
+    assert!(read(&c, &rel("d/e/small.bin"), 0, 1 << 20, 1 << 20).unwrap() == pattern(1, 150_000));
+    assert_eq!(
+        s.reads.load(SeqCst),
+        1,
+        "the bad block came from the source again"
+    );
+    assert!(c.stats_json().contains("\"corrupt_blocks\": 1"));
+    c.shutdown();
+}
+
+#[test]
+fn source_eio_mid_file_fails_that_read_and_the_mount_keeps_serving() {
+    let (_t, src, cache) = setup();
+    let (c, s) = mount(config(&src, &cache));
+    read(&c, &rel("d/x.txt"), 0, 100, 100).unwrap();
+    s.fail_reads.store(true, SeqCst);
+    let e = read(&c, &rel("big"), 1 << 20, 1 << 20, 1 << 20).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    // Cached data is still served, and the source works again once it recovers.
+    assert_eq!(
+        read(&c, &rel("d/x.txt"), 0, 100, 100).unwrap(),
+        b"hello world"
+    );
+    s.fail_reads.store(false, SeqCst);
+    assert!(read(&c, &rel("big"), 0, 10, 10).is_ok());
+    c.shutdown();
+}
+
+#[test]
+fn mount_is_usable_before_a_slow_listing_completes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    for d in 0..30 {
+        fs::create_dir_all(src.join(format!("c{d:02}"))).unwrap();
+        for f in 0..5 {
+            fs::write(src.join(format!("c{d:02}/{f}")), [d as u8; 10]).unwrap();
+        }
+    }
+    let cfg = config(&src, &tmp.path().join("cache"));
+    let s = Counting::new(&cfg.source);
+    s.meta_delay_ms.store(20, SeqCst);
+    let started = Instant::now();
+    let mut cfg = cfg;
+    cfg.scan_threads = 2;
+    let c = stagefs_fs::FsCore::with_source(cfg, s.clone()).unwrap();
+    assert_eq!(read(&c, &rel("c29/4"), 0, 10, 10).unwrap(), [29u8; 10]);
+    let first = started.elapsed();
+    assert!(
+        !c.snapshot_ref().is_complete(),
+        "listing finished before the first read ({first:?})"
+    );
+    c.snapshot_ref().wait_complete().unwrap();
+    c.shutdown();
+}
+
+#[test]
+fn views_carry_the_owner_and_read_bits_of_their_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("salaries.csv"), b"name,salary\na,1\nb,2\n").unwrap();
+    fs::set_permissions(src.join("salaries.csv"), fs::Permissions::from_mode(0o600)).unwrap();
+    let (c, _) = mount(config(&src, &tmp.path().join("cache")));
+    let dir = lookup(&c, &rel(".npy/salaries.csv")).unwrap();
+    assert_eq!(dir.perm, 0o500, "view dir of a 0600 table");
+    let col = lookup(&c, &rel(".npy/salaries.csv/salary.npy")).unwrap();
+    assert_eq!(
+        col.perm, 0o400,
+        "a column of a 0600 table must not be world-readable"
+    );
+    let np = names(&c, &rel(".npy/salaries.csv"), 100).unwrap();
+    assert!(np.iter().any(|n| n == OsStr::new("salary.npy")), "{np:?}");
+    c.shutdown();
 }

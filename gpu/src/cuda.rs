@@ -1,7 +1,8 @@
 //! The CUDA device (feature `cuda`): cudarc's driver API, with libcuda loaded at run time.
 //!
-//! Pinned buffers come from `cuMemHostAlloc` (flags 0: cached, not write-combined, because the
-//! kernel's `pread` copy into them and the verification read both touch them from the CPU), device
+//! Pinned buffers come from `cuMemHostAlloc` (cached, not write-combined, because the kernel's
+//! `pread` copy into them and the verification read both touch them from the CPU; portable, so a
+//! training program's own CUDA context copies from them at DMA speed too), device
 //! buffers from `cuMemAlloc`, and the two streams are cudarc non-blocking streams. Events use
 //! blocking sync so a consumer waiting on data sleeps instead of spinning a core. cudarc's
 //! event tracking is turned off: the streamer orders its streams with its own events.
@@ -149,6 +150,53 @@ impl CudaDevice {
         &self.consumer
     }
 
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Makes a stream the caller owns (e.g. PyTorch's current stream, as a raw handle; 1 and 2
+    /// are CUDA's legacy and per-thread default streams) wait for `event`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device's context (or one of the two sentinels).
+    pub unsafe fn wait_on_raw_stream(
+        &self,
+        stream: sys::CUstream,
+        event: &CudaEvent,
+    ) -> Result<(), DeviceError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent"))?;
+        // SAFETY: the event is alive (borrowed); the caller vouches for the stream.
+        unsafe {
+            result::stream::wait_event(
+                stream,
+                event.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cuda_err("cuStreamWaitEvent"))
+    }
+
+    /// Records `event` at the current end of a stream the caller owns (see
+    /// [`CudaDevice::wait_on_raw_stream`]).
+    ///
+    /// # Safety
+    /// As for [`CudaDevice::wait_on_raw_stream`].
+    pub unsafe fn record_on_raw_stream(
+        &self,
+        event: &CudaEvent,
+        stream: sys::CUstream,
+    ) -> Result<(), DeviceError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("cuCtxSetCurrent"))?;
+        // SAFETY: the event is alive (borrowed); the caller vouches for the stream.
+        unsafe { result::event::record(event.cu_event(), stream) }
+            .map_err(cuda_err("cuEventRecord"))
+    }
+
     fn stream(&self, kind: StreamKind) -> &CudaStream {
         match kind {
             StreamKind::Copy => &self.copy,
@@ -192,8 +240,8 @@ impl Device for CudaDevice {
             .bind_to_thread()
             .map_err(cuda_err("cuCtxSetCurrent"))?;
         // SAFETY: a plain allocation call; the pointer is owned by the returned value.
-        let ptr =
-            unsafe { result::malloc_host(bytes.max(1), 0) }.map_err(|e| DeviceError::Alloc {
+        let ptr = unsafe { result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .map_err(|e| DeviceError::Alloc {
                 kind: "pinned host",
                 bytes,
                 reason: e.to_string(),

@@ -32,6 +32,9 @@ pub enum DeviceError {
         /// Why it failed.
         reason: String,
     },
+    /// The CPU device keeps batches in host memory; there is no device memory to copy back.
+    #[error("the CPU device has no device memory: read the batch's host buffer")]
+    NoDeviceMemory,
     /// The host-memory device's stream thread is gone (it panicked or was shut down).
     #[error("the host-memory device's stream worker stopped")]
     StreamGone,
@@ -69,6 +72,16 @@ pub enum StreamError {
         end: u64,
         /// The file's actual size.
         have: u64,
+    },
+    /// Rows × row size overflow 64 bits (a hostile or corrupt header or arguments).
+    #[error("{path}: {rows} rows of {row_bytes} bytes do not fit in 64 bits; the file's header is corrupt")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Rows claimed.
+        rows: u64,
+        /// Bytes per row claimed.
+        row_bytes: u64,
     },
     /// A row range outside the array.
     #[error("{path}: rows {start}..{end} are outside the array's {rows} rows")]

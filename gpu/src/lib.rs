@@ -8,9 +8,16 @@
 //! the ring is full; dropping a [`Batch`] returns its buffers. Shuffling by batch is
 //! deterministic for a seed. [`Stats`] tell who waited on whom.
 //!
+//! A [`Loader`] is the same pipeline shaped for a training loop: several files with aligned
+//! rows, batch by batch and epoch by epoch (shuffled per epoch, split across data-parallel
+//! ranks as PyTorch's `DistributedSampler` does), each batch owning its ring slot until the
+//! consumer drops it; the Python package `stagefs` (`gpu/python`) hands those batches to
+//! PyTorch and numpy through DLPack.
+//!
 //! The device is a trait: `CudaDevice` (feature `cuda`; libcuda is loaded at run time, so the
-//! crate builds and runs without CUDA) or [`HostDevice`], host memory with asynchronous stream
-//! threads that tests use to check the pipeline without a GPU.
+//! crate builds and runs without CUDA), [`CpuDevice`] (batches stay in host memory: what a CPU
+//! consumer reads) or [`HostDevice`], host memory with asynchronous stream threads that tests
+//! use to check the pipeline without a GPU.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -42,21 +49,25 @@
 //! # }
 //! ```
 
+mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
 mod error;
 mod host;
+pub mod loader;
 pub mod plan;
 mod source;
 mod stats;
 mod streamer;
 
+pub use cpu::{AlignedBuffer, CpuBuffer, CpuDevice};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceBuffer as CudaDeviceBuffer, PinnedBuffer};
 pub use device::{Device, StreamKind};
 pub use error::{DeviceError, StreamError};
 pub use host::{HostBuffer, HostDevice, HostDeviceBuffer, HostEvent};
+pub use loader::{epoch_order, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
 pub use source::{ReadAt, Source};
 pub use stats::Stats;
 pub use streamer::{Batch, BatchMeta, StreamConfig, Streamer, Verification, MAX_BATCH_BYTES};

@@ -82,7 +82,8 @@ impl Source {
             source,
         };
         let len = reader.size().map_err(io_err)?;
-        let mut head = vec![0u8; (len as usize).min(MAX_HEADER_LEN + 2)];
+        // At most the longest header numpy writes (a length from the file, so bounded first).
+        let mut head = vec![0u8; len.min(MAX_HEADER_LEN as u64 + 2) as usize];
         read_full(reader.as_ref(), &mut head, 0).map_err(io_err)?;
         let (header, data_start) =
             NpyHeader::parse(&head).map_err(|source| StreamError::Header {
@@ -92,10 +93,19 @@ impl Source {
         let Some((&rows, row_shape)) = header.shape.split_first() else {
             return Err(StreamError::Scalar { path });
         };
+        // `parse` refuses shapes whose byte count overflows; checked again here so a header that
+        // slipped through could never make a size wrap to 0.
+        let row_bytes = header
+            .checked_row_bytes()
+            .filter(|_| header.checked_data_len().is_some())
+            .ok_or_else(|| StreamError::Header {
+                path: path.clone(),
+                source: stagefs_npy::NpyError::TooLarge(header.shape.clone()),
+            })?;
         let source = Source {
             dtype: Some(header.dtype),
             row_shape: row_shape.to_vec(),
-            row_bytes: header.row_bytes(),
+            row_bytes,
             offset: data_start as u64,
             rows,
             reader,
@@ -146,26 +156,55 @@ impl Source {
                 rows: self.rows,
             });
         }
+        // Cannot overflow: the whole range was checked to fit in the file by `check_length`.
         self.offset += rows.start * self.row_bytes;
         self.rows = rows.end - rows.start;
         Ok(self)
     }
 
-    /// Bytes of data this source streams.
+    /// Bytes of data this source streams (checked to fit in the file when it was opened).
     pub fn data_bytes(&self) -> u64 {
-        self.rows * self.row_bytes
+        self.rows.saturating_mul(self.row_bytes)
     }
 
+    /// Reads rows `first..first + buf.len() / row_bytes` into `buf` with one positioned read
+    /// (rows relative to the source's first row; the caller keeps them inside the source).
+    pub fn read_rows(&self, buf: &mut [u8], first: u64) -> Result<(), StreamError> {
+        // Cannot overflow: `first` is a row of the source, checked to fit in the file.
+        let offset = self.offset + first * self.row_bytes;
+        read_full(self.reader.as_ref(), buf, offset).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => StreamError::Truncated {
+                path: self.path.clone(),
+                need: self.data_bytes(),
+                end: self.offset.saturating_add(self.data_bytes()),
+                have: self.reader.size().unwrap_or(0),
+            },
+            _ => StreamError::Io {
+                path: self.path.clone(),
+                source: e,
+            },
+        })
+    }
+
+    /// Checks that the rows fit in the file, with every size checked for overflow: after
+    /// this, any `offset + row * row_bytes` for a row of the source fits in `u64`.
     fn check_length(&self) -> Result<(), StreamError> {
         let have = self.reader.size().map_err(|source| StreamError::Io {
             path: self.path.clone(),
             source,
         })?;
-        let end = self.offset + self.data_bytes();
+        let need = self.rows.checked_mul(self.row_bytes);
+        let Some((need, end)) = need.and_then(|n| Some((n, self.offset.checked_add(n)?))) else {
+            return Err(StreamError::TooLarge {
+                path: self.path.clone(),
+                rows: self.rows,
+                row_bytes: self.row_bytes,
+            });
+        };
         if have < end {
             return Err(StreamError::Truncated {
                 path: self.path.clone(),
-                need: self.data_bytes(),
+                need,
                 end,
                 have,
             });

@@ -451,7 +451,6 @@ fn fill<D: Device>(shared: &Shared<D>, job: &Job) -> Result<(), StreamError> {
     let source = &shared.sources[job.planned.source];
     let rows = &job.planned.rows;
     let len = ((rows.end - rows.start) * source.row_bytes) as usize;
-    let offset = source.offset + rows.start * source.row_bytes;
     let device = &shared.device;
     // The host buffer may still be the source of this slot's previous copy: the slot is not
     // free until that copy is done, so this counts as waiting for a free buffer.
@@ -461,20 +460,9 @@ fn fill<D: Device>(shared: &Shared<D>, job: &Job) -> Result<(), StreamError> {
     synced?;
     let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
     let read = Instant::now();
-    let result = read_full(source.reader.as_ref(), &mut host.as_mut()[..len], offset);
+    let result = source.read_rows(&mut host.as_mut()[..len], rows.start);
     add_since(&shared.counters.storage_ns, read);
-    result.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => StreamError::Truncated {
-            path: source.path.clone(),
-            need: source.data_bytes(),
-            end: source.offset + source.data_bytes(),
-            have: source.reader.size().unwrap_or(0),
-        },
-        _ => StreamError::Io {
-            path: source.path.clone(),
-            source: e,
-        },
-    })?;
+    result?;
     // The device buffer may still be in use by the consumer's work on the previous batch.
     device.stream_wait(StreamKind::Copy, &slot.consumed)?;
     // SAFETY: the slot belongs to this job alone until the consumer drops the batch, which

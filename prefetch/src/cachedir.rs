@@ -248,6 +248,25 @@ impl CacheDir {
         rustix::fs::statat(&self.fd, name.as_ref(), AtFlags::SYMLINK_NOFOLLOW).is_ok()
     }
 
+    /// Removes the subdirectory `name` and everything below it, following no symlink (a
+    /// symlink inside is removed, never what it points at).
+    pub fn remove_tree(&self, name: &str) -> io::Result<()> {
+        let sub = self.subdir(name).map_err(io::Error::other)?;
+        for child in sub.list()? {
+            let st = rustix::fs::statat(&sub.fd, &child, AtFlags::SYMLINK_NOFOLLOW)?;
+            if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                match child.to_str() {
+                    Some(c) => sub.remove_tree(c)?,
+                    None => rustix::fs::unlinkat(&sub.fd, &child, AtFlags::REMOVEDIR)?,
+                }
+            } else {
+                sub.remove(&child)?;
+            }
+        }
+        drop(sub);
+        Ok(rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)?)
+    }
+
     /// Names in the directory (without `.` and `..`).
     pub fn list(&self) -> io::Result<Vec<OsString>> {
         let dir = rustix::fs::Dir::read_from(&self.fd)?;
@@ -319,6 +338,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn remove_tree_removes_symlinks_not_their_targets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("keep"), b"x").unwrap();
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let old = dir.subdir("v1").unwrap();
+        let inner = old.subdir("00").unwrap();
+        std::fs::write(inner.path().join("a.data"), b"y").unwrap();
+        std::os::unix::fs::symlink(&victim, inner.path().join("link")).unwrap();
+        dir.remove_tree("v1").unwrap();
+        assert!(!dir.exists("v1"));
+        assert!(victim.join("keep").exists());
     }
 
     #[test]

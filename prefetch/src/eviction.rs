@@ -1,16 +1,21 @@
 //! The capacity limit and least-recently-used eviction of cached blocks.
 //!
-//! Every cached block is one entry in an [`lru::LruCache`] keyed by (file key, block index).
-//! Reserving room for a new block pops the least recently used blocks until it fits; blocks of
-//! *pinned* files (open through kernel passthrough, where a punched hole would read as zeros)
-//! are skipped and put back. The caller releases the victims' disk space.
+//! Every cached block is one entry in an [`lru::LruCache`] keyed by (entry id << 32 | slot) and
+//! holding the bytes it occupies on scratch. Reserving room for a new block pops the least
+//! recently used blocks until it fits; blocks of *pinned* entries (open through kernel
+//! passthrough, where a punched hole would read as zeros) are skipped and put back. The caller
+//! releases the victims' disk space.
 
 use std::collections::HashSet;
 
 use lru::LruCache;
 
-/// A block: the file's [`crate::meta::path_key`] and the block index.
-pub type BlockKey = (u64, u32);
+/// A block: its entry id in the high 32 bits, its slot in the low 32.
+pub type BlockKey = u64;
+
+fn entry_of(key: BlockKey) -> u32 {
+    (key >> 32) as u32
+}
 
 /// The LRU index of cached blocks and the bytes they use.
 pub struct Eviction {
@@ -32,6 +37,16 @@ impl Eviction {
     /// Bytes of cached blocks.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// Number of cached blocks.
+    pub fn len(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// Whether no block is cached.
+    pub fn is_empty(&self) -> bool {
+        self.lru.is_empty()
     }
 
     /// The capacity in bytes.
@@ -64,10 +79,15 @@ impl Eviction {
         Some(len)
     }
 
-    /// Makes room for `len` more bytes by evicting least recently used blocks of files not in
-    /// `pinned`. Returns the evicted blocks, or `None` (evicting nothing) if even evicting every
-    /// unpinned block would not make room.
-    pub fn reserve(&mut self, len: u64, pinned: &HashSet<u64>) -> Option<Vec<BlockKey>> {
+    /// Every block, least recently used first (to persist the order).
+    pub fn keys_lru_first(&self) -> Vec<BlockKey> {
+        self.lru.iter().rev().map(|(k, _)| *k).collect()
+    }
+
+    /// Makes room for `len` more bytes by evicting least recently used blocks of entries not
+    /// in `pinned`. Returns the evicted blocks, or `None` (evicting nothing) if even evicting
+    /// every unpinned block would not make room.
+    pub fn reserve(&mut self, len: u64, pinned: &HashSet<u32>) -> Option<Vec<BlockKey>> {
         if len > self.capacity {
             return None;
         }
@@ -75,7 +95,7 @@ impl Eviction {
         let mut skipped = Vec::new();
         while self.used + len > self.capacity {
             match self.lru.pop_lru() {
-                Some((key, blen)) if pinned.contains(&key.0) => skipped.push((key, blen)),
+                Some((key, blen)) if pinned.contains(&entry_of(key)) => skipped.push((key, blen)),
                 Some((key, blen)) => {
                     self.used -= blen;
                     victims.push((key, blen));
@@ -105,27 +125,32 @@ impl Eviction {
 mod tests {
     use super::*;
 
-    #[test]
-    fn evicts_least_recently_used_first() {
-        let mut e = Eviction::new(3);
-        e.insert((1, 0), 1);
-        e.insert((2, 0), 1);
-        e.insert((3, 0), 1);
-        e.touch((1, 0));
-        let victims = e.reserve(1, &HashSet::new()).unwrap();
-        assert_eq!(victims, vec![(2, 0)]);
-        assert_eq!(e.used(), 2);
+    fn k(e: u32, s: u32) -> BlockKey {
+        (u64::from(e) << 32) | u64::from(s)
     }
 
     #[test]
-    fn pinned_files_are_never_evicted() {
+    fn evicts_least_recently_used_first() {
+        let mut e = Eviction::new(3);
+        e.insert(k(1, 0), 1);
+        e.insert(k(2, 0), 1);
+        e.insert(k(3, 0), 1);
+        e.touch(k(1, 0));
+        let victims = e.reserve(1, &HashSet::new()).unwrap();
+        assert_eq!(victims, vec![k(2, 0)]);
+        assert_eq!(e.used(), 2);
+        assert_eq!(e.keys_lru_first(), vec![k(3, 0), k(1, 0)]);
+    }
+
+    #[test]
+    fn pinned_entries_are_never_evicted() {
         let mut e = Eviction::new(2);
-        e.insert((1, 0), 1);
-        e.insert((2, 0), 1);
-        let pinned: HashSet<u64> = [1].into_iter().collect();
-        assert_eq!(e.reserve(1, &pinned).unwrap(), vec![(2, 0)]);
-        e.insert((3, 0), 1);
-        let pinned: HashSet<u64> = [1, 3].into_iter().collect();
+        e.insert(k(1, 0), 1);
+        e.insert(k(2, 0), 1);
+        let pinned: HashSet<u32> = [1].into_iter().collect();
+        assert_eq!(e.reserve(1, &pinned).unwrap(), vec![k(2, 0)]);
+        e.insert(k(3, 0), 1);
+        let pinned: HashSet<u32> = [1, 3].into_iter().collect();
         assert!(e.reserve(1, &pinned).is_none(), "only pinned blocks left");
         assert_eq!(e.used(), 2, "a failed reservation evicts nothing");
     }

@@ -1,35 +1,48 @@
 //! The fetch scheduler: who reads which block from the source, when.
 //!
-//! - A *demand* read (a reader is waiting) fetches its missing blocks on the caller's own thread
-//!   (a FUSE session thread; there are several), so it never queues behind prefetch work.
-//! - *Read-ahead* and cross-file prefetch go to a fixed pool of worker threads through a bounded
-//!   queue; *staging* runs only when that queue is empty and no demand read is in progress, so
-//!   background copying never starves a reader.
+//! - A *demand* read (a reader is waiting) hands a missing block to a small demand pool that
+//!   never queues behind prefetch work, and waits for it at most [`FetchConfig::read_timeout`]:
+//!   a source that hangs on one file fails that reader with `ETIMEDOUT` after a bounded time,
+//!   while other files keep being served (the stuck thread stays stuck, the others do not).
+//! - *Read-ahead*, cross-file prefetch and *staging* go to a pool of worker threads
+//!   ([`FetchConfig::workers`], 32 by default) through bounded queues. Parallel filesystems
+//!   serve many concurrent requests far faster than serial ones, and a small-file epoch needs
+//!   dozens in flight to reach the backend's bandwidth. Read-ahead is taken before staging;
+//!   while readers are waiting on the source, staging is held to half the pool so that their
+//!   demand reads keep a share of the bandwidth — but it never stops, because on a shuffled
+//!   epoch staging is what keeps the backend busy.
 //! - Each block is fetched at most once at a time: a reader that needs a block already in
-//!   flight waits for it instead of reading the source again.
+//!   flight waits for it instead of reading the source again. Rendered view units go through the
+//!   same de-duplication ([`Fetcher::get_or_make`]).
+//!
+//! Threads rather than an async runtime: every source operation is a blocking POSIX call
+//! (`pread`/`openat`/`fstat` on a kernel-mounted filesystem), which tokio would run on its own
+//! blocking thread pool anyway; a fixed pool of N threads *is* "N requests in flight, N blocks
+//! of memory", with no second scheduler in between.
 //!
 //! Memory is bounded by construction: a worker holds one block ([`crate::BLOCK_SIZE`]) at a
 //! time, a demand read one per block it covers, and the queues hold block *names* only, at most
 //! [`FetchConfig::max_queued`] of them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::ops::Range;
+use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tracing::{debug, debug_span, warn};
 
 use crate::error::SourceError;
-use crate::meta::path_key;
-use crate::source::{lock, Signature, Source};
+use crate::index::EntryId;
+use crate::source::{lock, Source, Version};
 use crate::stats::Stats;
 use crate::store::CacheStore;
-use crate::{block_count, block_len, BLOCK_SIZE};
+use crate::{block_len, BLOCK_SIZE};
 
-/// Why a block is fetched; earlier variants win.
+/// Why a block is fetched ahead of readers; earlier variants win.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Priority {
     /// Read-ahead of an open file or the next files of a directory being walked.
@@ -41,47 +54,113 @@ pub enum Priority {
 /// Sizing of the worker pool and queue.
 #[derive(Clone, Debug)]
 pub struct FetchConfig {
-    /// Worker threads for prefetch and staging. Parallel filesystems answer many small
-    /// requests in parallel much faster than one by one; 8 saturates ~200 MB/s of 1 MiB reads
-    /// at a few milliseconds of latency each.
+    /// Worker threads for prefetch and staging: requests kept in flight against the source.
+    /// 32 × 1 MiB in flight saturates ~200 MB/s of small-file reads at a few milliseconds of
+    /// latency each, for 32 MiB of memory.
     pub workers: usize,
-    /// Most blocks waiting in the prefetch queue; further read-ahead is dropped (and staging
+    /// Most blocks waiting in the prefetch queues; further read-ahead is dropped (and staging
     /// waits), which bounds memory whatever readers do.
     pub max_queued: usize,
+    /// Longest a reader waits for one block from the source before its read fails with
+    /// `ETIMEDOUT`. Five minutes outlasts the stalls of a healthy parallel filesystem (server
+    /// failover, lock recovery) while a hung one still fails readers in bounded time.
+    pub read_timeout: Duration,
 }
+
+/// Threads running demand fetches: one per concurrent waiting reader (FUSE threads, view
+/// renders) with room for a few stuck on a hung source.
+const DEMAND_THREADS: usize = 16;
 
 impl Default for FetchConfig {
     fn default() -> Self {
         FetchConfig {
-            workers: 8,
+            workers: 32,
             max_queued: 4096,
+            read_timeout: Duration::from_secs(300),
         }
     }
 }
 
-type BlockId = (u64, u64);
-
-/// The last verified block a handle read (index, bytes), reused while reads stay inside it.
-pub type BlockMemo = Mutex<Option<(u64, Arc<Vec<u8>>)>>;
-
-struct Task {
-    rel: Arc<Path>,
-    sig: Signature,
-    idx: u64,
-    prio: Priority,
+/// A block of a source file to bring into the cache: the entry slot it fills and where it is.
+#[derive(Clone, Debug)]
+pub struct Want {
+    /// The cache entry of the file.
+    pub entry: EntryId,
+    /// The block index.
+    pub slot: u32,
+    /// The file, relative to the source root.
+    pub rel: Arc<Path>,
+    /// The version the snapshot recorded (every source read is checked against it).
+    pub version: Version,
 }
+
+/// A block for a reader, and whether it came from the cache.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    /// The block's bytes.
+    pub data: Bytes,
+    /// Served from scratch (true) or fetched now (false).
+    pub hit: bool,
+}
+
+type BlockId = (EntryId, u32);
 
 #[derive(Default)]
 struct Queues {
-    readahead: VecDeque<Task>,
-    staging: VecDeque<Task>,
+    readahead: VecDeque<(Want, Priority)>,
+    staging: VecDeque<(Want, Priority)>,
     queued: HashSet<BlockId>,
+    staging_running: usize,
 }
 
-/// A block being fetched; waiters get the bytes or the error text.
+/// Why a fetch failed, kept for every reader waiting on it (an `io::Error` is not `Clone`).
+#[derive(Clone, Debug)]
+enum Failure {
+    Changed,
+    Gone,
+    Outside,
+    Io(io::ErrorKind, Option<i32>, String),
+}
+
+impl Failure {
+    fn of(e: &SourceError) -> Failure {
+        match e {
+            SourceError::Changed { .. } => Failure::Changed,
+            SourceError::Gone { .. } => Failure::Gone,
+            SourceError::Outside { .. } => Failure::Outside,
+            SourceError::Io { source, .. } => {
+                Failure::Io(source.kind(), source.raw_os_error(), source.to_string())
+            }
+        }
+    }
+
+    fn error(&self, rel: &Path) -> SourceError {
+        let path = rel.to_path_buf();
+        match self {
+            Failure::Changed => SourceError::Changed { path },
+            Failure::Gone => SourceError::Gone { path },
+            Failure::Outside => SourceError::Outside { path },
+            Failure::Io(_, Some(errno), _) => SourceError::Io {
+                path,
+                source: io::Error::from_raw_os_error(*errno),
+            },
+            Failure::Io(kind, None, msg) => SourceError::Io {
+                path,
+                source: io::Error::new(*kind, msg.clone()),
+            },
+        }
+    }
+}
+
+type Outcome = Result<Bytes, Failure>;
+
+/// A claimed block for the demand pool to fetch, and where to publish it.
+type DemandJob = (Want, Arc<Slot>);
+
+/// A block being fetched; waiters get its outcome.
 #[derive(Default)]
 struct Slot {
-    done: Mutex<Option<Result<Arc<Vec<u8>>, String>>>,
+    done: Mutex<Option<Outcome>>,
     cv: Condvar,
 }
 
@@ -94,6 +173,7 @@ struct Shared {
     work: Condvar,
     inflight: Mutex<HashMap<BlockId, Arc<Slot>>>,
     demand_active: AtomicUsize,
+    demand: Mutex<Option<crossbeam_channel::Sender<DemandJob>>>,
     shutdown: AtomicBool,
 }
 
@@ -107,6 +187,30 @@ pub struct Fetcher {
 enum Claim {
     Mine(Arc<Slot>),
     Theirs(Arc<Slot>),
+}
+
+/// Publishes a fetch's outcome to its waiters and clears the in-flight mark, even if the
+/// fetch panics (a waiter must never wait forever).
+struct Publish<'a> {
+    shared: &'a Shared,
+    id: BlockId,
+    slot: Arc<Slot>,
+    result: Option<Outcome>,
+}
+
+impl Drop for Publish<'_> {
+    fn drop(&mut self) {
+        let outcome = self.result.take().unwrap_or_else(|| {
+            Err(Failure::Io(
+                io::ErrorKind::Other,
+                None,
+                "fetch aborted".into(),
+            ))
+        });
+        *lock(&self.slot.done) = Some(outcome);
+        self.slot.cv.notify_all();
+        lock(&self.shared.inflight).remove(&self.id);
+    }
 }
 
 impl Fetcher {
@@ -126,9 +230,26 @@ impl Fetcher {
             work: Condvar::new(),
             inflight: Mutex::new(HashMap::new()),
             demand_active: AtomicUsize::new(0),
+            demand: Mutex::new(None),
             shutdown: AtomicBool::new(false),
         });
         let mut workers = Vec::new();
+        let (tx, rx) = crossbeam_channel::unbounded::<DemandJob>();
+        *lock(&shared.demand) = Some(tx);
+        for i in 0..DEMAND_THREADS {
+            let s = shared.clone();
+            let rx = rx.clone();
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("stagefs-demand-{i}"))
+                    .spawn(move || {
+                        // Ends when the fetcher shuts down (the sender is dropped).
+                        for (w, slot) in rx {
+                            run_fetch(&s, &w, slot, None);
+                        }
+                    })?,
+            );
+        }
         for i in 0..cfg.workers.max(1) {
             let s = shared.clone();
             workers.push(
@@ -153,6 +274,11 @@ impl Fetcher {
         &self.shared.store
     }
 
+    /// The source this fetcher reads.
+    pub fn source(&self) -> &Arc<dyn Source> {
+        &self.shared.source
+    }
+
     /// Blocks waiting in the queue of `prio`.
     pub fn queued(&self, prio: Priority) -> usize {
         let q = lock(&self.shared.queues);
@@ -162,100 +288,101 @@ impl Fetcher {
         }
     }
 
-    /// Reads `len` bytes at `offset` of `rel` for a waiting reader: from the cache where
-    /// possible, else from the source on this thread (caching what it fetched).
-    pub fn read(
-        &self,
-        rel: &Path,
-        sig: Signature,
-        offset: u64,
-        len: usize,
-    ) -> Result<Vec<u8>, SourceError> {
-        self.read_with_memo(rel, sig, offset, len, None)
-    }
-
-    /// [`read`](Self::read) with a per-handle memo of the last block served: the kernel often
-    /// asks for 128 KiB at a time, and re-reading and re-checksumming the same 1 MiB block for
-    /// each of its eight pieces would cost eight times the bytes served.
-    pub fn read_with_memo(
-        &self,
-        rel: &Path,
-        sig: Signature,
-        offset: u64,
-        len: usize,
-        memo: Option<&BlockMemo>,
-    ) -> Result<Vec<u8>, SourceError> {
-        let end = (offset + len as u64).min(sig.size);
-        if offset >= end {
-            return Ok(Vec::new());
+    /// Block `w` for a waiting reader: from the cache where possible, else from the source on
+    /// this thread (and cached).
+    pub fn block(&self, w: &Want) -> Result<Fetched, SourceError> {
+        if let Some(data) = self.shared.store.read(w.entry, w.slot) {
+            self.shared.stats.block_hits.fetch_add(1, Relaxed);
+            return Ok(Fetched { data, hit: true });
         }
-        let _span = debug_span!("read", path = %rel.display(), offset, len).entered();
-        let stats = &self.shared.stats;
-        let mut out = Vec::with_capacity((end - offset) as usize);
-        let first = offset / BLOCK_SIZE;
-        let last = (end - 1) / BLOCK_SIZE;
-        for idx in first..=last {
-            let bstart = idx * BLOCK_SIZE;
-            let lo = (offset.max(bstart) - bstart) as usize;
-            let hi = (end.min(bstart + BLOCK_SIZE) - bstart) as usize;
-            let remembered = memo.and_then(|m| {
-                lock(m)
+        let shared = &self.shared;
+        shared.stats.block_misses.fetch_add(1, Relaxed);
+        shared.demand_active.fetch_add(1, Relaxed);
+        shared.stats.wait_begin();
+        let started = Instant::now();
+        let slot = match claim(shared, (w.entry, w.slot)) {
+            Claim::Theirs(slot) => slot,
+            Claim::Mine(slot) => {
+                let sent = lock(&shared.demand)
                     .as_ref()
-                    .filter(|(i, _)| *i == idx)
-                    .map(|(_, d)| d.clone())
-            });
-            let cached = remembered.or_else(|| {
-                let mut buf = vec![0u8; block_len(sig.size, idx) as usize];
-                self.shared
-                    .store
-                    .read_block(rel, sig, idx, &mut buf)
-                    .map(|n| {
-                        buf.truncate(n);
-                        Arc::new(buf)
-                    })
-            });
-            let data = match cached {
-                Some(data) => {
-                    stats.block_hits.fetch_add(1, Relaxed);
-                    stats
-                        .bytes_from_cache
-                        .fetch_add((hi.min(data.len()) - lo.min(data.len())) as u64, Relaxed);
-                    data
+                    .map(|tx| tx.send((w.clone(), slot.clone())).is_ok());
+                if sent != Some(true) {
+                    // Shutting down: fetch here rather than leave the slot unpublished.
+                    run_fetch(shared, w, slot.clone(), None);
                 }
-                None => {
-                    stats.block_misses.fetch_add(1, Relaxed);
-                    self.shared.demand_active.fetch_add(1, Relaxed);
-                    let started = Instant::now();
-                    let data = fetch_block(&self.shared, rel, sig, idx, None);
-                    self.shared.demand_active.fetch_sub(1, Relaxed);
-                    stats
-                        .reader_wait_ns
-                        .fetch_add(started.elapsed().as_nanos() as u64, Relaxed);
-                    let data = data?;
-                    stats
-                        .bytes_from_source
-                        .fetch_add((hi.min(data.len()) - lo.min(data.len())) as u64, Relaxed);
-                    data
-                }
-            };
-            let hi = hi.min(data.len());
-            out.extend_from_slice(&data[lo.min(hi)..hi]);
-            if let Some(m) = memo {
-                *lock(m) = Some((idx, data));
+                slot
+            }
+        };
+        let outcome = wait_for(&slot, shared.cfg.read_timeout);
+        shared.stats.wait_end(started.elapsed());
+        shared.demand_active.fetch_sub(1, Relaxed);
+        match outcome {
+            Some(Ok(data)) => Ok(Fetched { data, hit: false }),
+            Some(Err(f)) => Err(f.error(&w.rel)),
+            None => {
+                shared.stats.error(format!(
+                    "reading {} from the source took longer than {:?}: the read failed with ETIMEDOUT",
+                    w.rel.display(),
+                    shared.cfg.read_timeout
+                ));
+                Err(SourceError::Io {
+                    path: w.rel.to_path_buf(),
+                    source: io::Error::from_raw_os_error(libc::ETIMEDOUT),
+                })
             }
         }
-        Ok(out)
     }
 
-    /// Queues blocks `blocks` of `rel` for fetching ahead of readers. Blocks already cached,
-    /// queued or in flight are skipped; when the queue is full the rest is dropped.
-    pub fn prefetch(&self, rel: &Arc<Path>, sig: Signature, blocks: Range<u64>, prio: Priority) {
-        let key = path_key(rel);
-        let blocks = blocks.start..blocks.end.min(block_count(sig.size));
+    /// Slot `slot` of entry `entry`: from the cache, else made by `make` on this thread and
+    /// cached — with the same in-flight de-duplication as source blocks, so concurrent readers
+    /// of one rendered view unit render it once.
+    pub fn get_or_make<E>(
+        &self,
+        entry: EntryId,
+        slot: u32,
+        make: impl FnOnce() -> Result<Bytes, E>,
+    ) -> Result<Fetched, E> {
+        let shared = &self.shared;
+        if let Some(data) = shared.store.read(entry, slot) {
+            return Ok(Fetched { data, hit: true });
+        }
+        let id = (entry, slot);
+        let slot_ = match claim(shared, id) {
+            Claim::Theirs(s) => {
+                if let Some(Ok(data)) = wait_for(&s, Duration::MAX) {
+                    return Ok(Fetched { data, hit: true });
+                }
+                // Their attempt failed: try once ourselves for our own error.
+                let data = make()?;
+                shared.store.insert(entry, slot, &data);
+                return Ok(Fetched { data, hit: false });
+            }
+            Claim::Mine(s) => s,
+        };
+        let mut publish = Publish {
+            shared,
+            id,
+            slot: slot_,
+            result: None,
+        };
+        if let Some(data) = shared.store.read(entry, slot) {
+            publish.result = Some(Ok(data.clone()));
+            return Ok(Fetched { data, hit: true });
+        }
+        let data = make()?;
+        shared.store.insert(entry, slot, &data);
+        publish.result = Some(Ok(data.clone()));
+        Ok(Fetched { data, hit: false })
+    }
+
+    /// Queues blocks for fetching ahead of readers. Blocks already cached, queued or in flight
+    /// are skipped; when the queue is full the rest is dropped.
+    pub fn prefetch(&self, wants: impl IntoIterator<Item = Want>, prio: Priority) {
         let mut added = false;
-        for idx in blocks {
-            if self.shared.store.contains(rel, sig, idx)
-                || lock(&self.shared.inflight).contains_key(&(key, idx))
+        for w in wants {
+            let id = (w.entry, w.slot);
+            if self.shared.store.contains(w.entry, w.slot)
+                || lock(&self.shared.inflight).contains_key(&id)
             {
                 continue;
             }
@@ -263,18 +390,12 @@ impl Fetcher {
             if q.readahead.len() + q.staging.len() >= self.shared.cfg.max_queued {
                 break;
             }
-            if !q.queued.insert((key, idx)) {
+            if !q.queued.insert(id) {
                 continue;
             }
-            let task = Task {
-                rel: rel.clone(),
-                sig,
-                idx,
-                prio,
-            };
             match prio {
-                Priority::ReadAhead => q.readahead.push_back(task),
-                Priority::Staging => q.staging.push_back(task),
+                Priority::ReadAhead => q.readahead.push_back((w, prio)),
+                Priority::Staging => q.staging.push_back((w, prio)),
             }
             added = true;
         }
@@ -283,18 +404,10 @@ impl Fetcher {
         }
     }
 
-    /// Queues the byte range `range` of `rel` for read-ahead.
-    pub fn prefetch_bytes(&self, rel: &Arc<Path>, sig: Signature, range: Range<u64>) {
-        if range.start >= range.end {
-            return;
-        }
-        let blocks = range.start / BLOCK_SIZE..(range.end - 1) / BLOCK_SIZE + 1;
-        self.prefetch(rel, sig, blocks, Priority::ReadAhead);
-    }
-
     /// Stops the workers (queued work is dropped) and waits for them.
     pub fn shutdown(&self) {
         self.shared.shutdown.store(true, Relaxed);
+        lock(&self.shared.demand).take();
         self.shared.work.notify_all();
         let handles: Vec<_> = lock(&self.workers).drain(..).collect();
         for h in handles {
@@ -313,97 +426,96 @@ fn claim(shared: &Shared, id: BlockId) -> Claim {
     Claim::Mine(slot)
 }
 
-fn fetch_block(
-    shared: &Shared,
-    rel: &Path,
-    sig: Signature,
-    idx: u64,
-    prio: Option<Priority>,
-) -> Result<Arc<Vec<u8>>, SourceError> {
-    let id = (path_key(rel), idx);
-    let slot = match claim(shared, id) {
-        Claim::Theirs(slot) => {
-            let mut done = lock(&slot.done);
-            while done.is_none() {
-                done = slot.cv.wait(done).unwrap_or_else(|p| p.into_inner());
-            }
-            return match done.as_ref() {
-                Some(Ok(data)) => Ok(data.clone()),
-                // The other fetch failed; try once ourselves for a precise error.
-                _ => {
-                    drop(done);
-                    read_source(shared, rel, sig, idx).map(Arc::new)
+/// The outcome of `slot`, waiting at most `timeout` (`None`: still running).
+fn wait_for(slot: &Slot, timeout: Duration) -> Option<Outcome> {
+    let deadline = Instant::now().checked_add(timeout);
+    let mut done = lock(&slot.done);
+    while done.is_none() {
+        done = match deadline {
+            None => slot.cv.wait(done).unwrap_or_else(|p| p.into_inner()),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
                 }
-            };
-        }
-        Claim::Mine(slot) => slot,
-    };
-    // Someone may have cached the block between our miss and our claim.
-    let mut buf = vec![0u8; block_len(sig.size, idx) as usize];
-    let result = match shared.store.read_block(rel, sig, idx, &mut buf) {
-        Some(n) => {
-            buf.truncate(n);
-            Ok(buf)
-        }
-        None => {
-            let _span = debug_span!("fetch", path = %rel.display(), block = idx).entered();
-            shared.stats.fetches_in_flight.fetch_add(1, Relaxed);
-            let r = read_source(shared, rel, sig, idx);
-            shared.stats.fetches_in_flight.fetch_sub(1, Relaxed);
-            if let Ok(data) = &r {
-                shared.store.insert_block(rel, sig, idx, data);
-                let n = data.len() as u64;
-                match prio {
-                    Some(Priority::ReadAhead) => {
-                        shared.stats.bytes_prefetched.fetch_add(n, Relaxed)
-                    }
-                    Some(Priority::Staging) => shared.stats.bytes_staged.fetch_add(n, Relaxed),
-                    None => 0,
-                };
+                slot.cv
+                    .wait_timeout(done, left)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0)
             }
-            r
-        }
-    };
-    let result = result.map(Arc::new);
-    *lock(&slot.done) = Some(match &result {
-        Ok(d) => Ok(d.clone()),
-        Err(e) => Err(e.to_string()),
-    });
-    slot.cv.notify_all();
-    lock(&shared.inflight).remove(&id);
-    result
+        };
+    }
+    done.clone()
 }
 
-fn read_source(
-    shared: &Shared,
-    rel: &Path,
-    sig: Signature,
-    idx: u64,
-) -> Result<Vec<u8>, SourceError> {
-    let len = block_len(sig.size, idx) as usize;
-    let buf = shared
+/// Fetches block `w` from the source (once, however many ask at the same time) and caches it;
+/// used by prefetch workers, which wait as long as it takes.
+fn fetch(shared: &Shared, w: &Want, prio: Option<Priority>) -> Result<Bytes, SourceError> {
+    let slot = match claim(shared, (w.entry, w.slot)) {
+        Claim::Theirs(slot) => slot,
+        Claim::Mine(slot) => {
+            run_fetch(shared, w, slot.clone(), prio);
+            slot
+        }
+    };
+    match wait_for(&slot, Duration::MAX) {
+        Some(Ok(data)) => Ok(data),
+        Some(Err(f)) => Err(f.error(&w.rel)),
+        None => Err(SourceError::Changed {
+            path: w.rel.to_path_buf(),
+        }),
+    }
+}
+
+/// Does the fetch of a claimed block and publishes its outcome to `slot`'s waiters.
+fn run_fetch(shared: &Shared, w: &Want, slot: Arc<Slot>, prio: Option<Priority>) {
+    let mut publish = Publish {
+        shared,
+        id: (w.entry, w.slot),
+        slot,
+        result: None,
+    };
+    // Someone may have cached the block between our miss and our claim.
+    if let Some(data) = shared.store.read(w.entry, w.slot) {
+        publish.result = Some(Ok(data));
+        return;
+    }
+    let _span = debug_span!("fetch", path = %w.rel.display(), block = w.slot).entered();
+    shared.stats.fetches_in_flight.fetch_add(1, Relaxed);
+    let r = read_source(shared, w);
+    shared.stats.fetches_in_flight.fetch_sub(1, Relaxed);
+    publish.result = Some(match r {
+        Ok(data) => {
+            shared.store.insert(w.entry, w.slot, &data);
+            let n = data.len() as u64;
+            match prio {
+                Some(Priority::ReadAhead) => shared.stats.bytes_prefetched.fetch_add(n, Relaxed),
+                Some(Priority::Staging) => shared.stats.bytes_staged.fetch_add(n, Relaxed),
+                None => 0,
+            };
+            Ok(data)
+        }
+        Err(e) => Err(Failure::of(&e)),
+    });
+}
+
+fn read_source(shared: &Shared, w: &Want) -> Result<Bytes, SourceError> {
+    let len = block_len(w.version.size, u64::from(w.slot)) as usize;
+    let data = shared
         .source
-        .read_at(rel, sig, idx * BLOCK_SIZE, len)
-        .inspect_err(|e| {
-            if matches!(e, SourceError::Changed { .. } | SourceError::Gone { .. }) {
-                shared.store.invalidate(rel);
-            }
-        })?;
-    let n = buf.len();
-    let buf = buf.to_vec();
-    if n < len {
-        // Shorter than its size said: the file shrank under us.
-        shared.store.invalidate(rel);
+        .read_at(&w.rel, w.version, u64::from(w.slot) * BLOCK_SIZE, len)?;
+    if data.len() < len {
+        // Shorter than its size said: the file shrank since the snapshot.
         return Err(SourceError::Changed {
-            path: rel.to_path_buf(),
+            path: w.rel.to_path_buf(),
         });
     }
-    Ok(buf)
+    Ok(data)
 }
 
 fn worker(shared: &Shared) {
     loop {
-        let task = {
+        let (w, prio) = {
             let mut q = lock(&shared.queues);
             loop {
                 if shared.shutdown.load(Relaxed) {
@@ -412,9 +524,15 @@ fn worker(shared: &Shared) {
                 if let Some(t) = q.readahead.pop_front() {
                     break t;
                 }
-                // Staging yields to readers: wait while any demand read is in progress.
-                if shared.demand_active.load(Relaxed) == 0 {
+                // While readers wait on the source, staging keeps half the pool.
+                let limit = if shared.demand_active.load(Relaxed) > 0 {
+                    (shared.cfg.workers / 2).max(1)
+                } else {
+                    shared.cfg.workers
+                };
+                if q.staging_running < limit {
                     if let Some(t) = q.staging.pop_front() {
+                        q.staging_running += 1;
                         break t;
                     }
                 }
@@ -425,19 +543,21 @@ fn worker(shared: &Shared) {
                     .unwrap_or_else(|p| p.into_inner().0);
             }
         };
-        lock(&shared.queues)
-            .queued
-            .remove(&(path_key(&task.rel), task.idx));
-        if shared.store.contains(&task.rel, task.sig, task.idx) {
-            continue;
-        }
-        if let Err(e) = fetch_block(shared, &task.rel, task.sig, task.idx, Some(task.prio)) {
-            // A file changed or removed under a prefetch is routine; anything else is worth a line.
-            if matches!(e, SourceError::Changed { .. } | SourceError::Gone { .. }) {
-                debug!(error = %e, "prefetch skipped");
-            } else {
-                warn!(error = %e, "prefetch failed");
+        lock(&shared.queues).queued.remove(&(w.entry, w.slot));
+        if !shared.store.contains(w.entry, w.slot) {
+            if let Err(e) = fetch(shared, &w, Some(prio)) {
+                // A file changed or removed under a prefetch is routine; anything else is
+                // worth a line.
+                if matches!(e, SourceError::Changed { .. } | SourceError::Gone { .. }) {
+                    debug!(error = %e, "prefetch skipped");
+                } else {
+                    warn!(error = %e, "prefetch failed");
+                }
             }
+        }
+        if prio == Priority::Staging {
+            lock(&shared.queues).staging_running -= 1;
+            shared.work.notify_one();
         }
     }
 }

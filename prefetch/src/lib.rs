@@ -1,38 +1,37 @@
-//! The scratch block cache and the machinery that fills it.
-//!
-//! A source file is cached as one sparse *data file* on scratch, holding the source's bytes at
-//! their own offsets, plus a *header* file ([`meta`]) that binds it to the source path, size,
-//! mtime and format version and records a CRC-32 per fixed-size block. A block is served only
-//! if its checksum matches and the header matches the source's current size and mtime; anything
-//! else is a miss, never wrong bytes. Keeping the bytes at their own offsets (rather than one
-//! file per block) is what lets a fully staged file be handed to the kernel for FUSE passthrough.
+//! The scratch cache and the machinery that fills it.
 //!
 //! - [`cachedir`]: the private cache directory (0700/0600, owner-checked, no symlinks followed).
-//! - [`store`]: the on-disk cache (data files, headers, load at mount, flush, checksums).
+//! - [`store`]: the on-disk cache: entries under typed keys, checksummed blocks returned as
+//!   `Bytes`, capacity; large files as exact copies (for passthrough), small ones packed in
+//!   [`segment`] files; everything recorded in one append-only [`index`] log.
 //! - [`eviction`]: the capacity limit and least-recently-used block eviction.
-//! - [`fetch`]: the fetch scheduler: demand reads on the caller's thread, prefetch and staging
-//!   on a bounded worker pool, in-flight de-duplication.
+//! - [`fetch`]: the fetch scheduler: demand reads on the caller's thread, read-ahead and staging
+//!   on a worker pool with many requests in flight, in-flight de-duplication.
 //! - [`readahead`]: per-handle sequential detection with a growing window.
-//! - [`staging`]: the background staging plan (small files first, directory order).
-//! - [`source`]: where bytes come from, with change detection.
+//! - [`staging`]: the background staging order (small files first, directory order).
+//! - [`source`]: where metadata and bytes come from, with change detection on every read.
 //! - [`stats`]: counters behind `.stagefs/stats`.
+//! - [`hash`]: a hash stable across builds, for names of persistent things.
 
 pub mod cachedir;
 pub mod error;
 pub mod eviction;
 pub mod fetch;
-pub mod meta;
+pub mod hash;
+pub mod index;
 pub mod readahead;
+pub mod segment;
 pub mod source;
 pub mod staging;
 pub mod stats;
 pub mod store;
 
 pub use error::{CacheError, SourceError};
-pub use fetch::{BlockMemo, FetchConfig, Fetcher, Priority};
-pub use source::{LocalSource, Signature, Source};
+pub use fetch::{FetchConfig, Fetched, Fetcher, Priority, Want};
+pub use index::{EntryId, KeyKind};
+pub use source::{FileKind, LocalSource, Meta, Source, Version};
 pub use stats::{Stats, StatsSnapshot};
-pub use store::{CacheStore, StoreConfig};
+pub use store::{CacheStore, Loaded, LoadedEntry, StoreConfig};
 
 /// Size of a cache block: 1 MiB matches the largest FUSE read request (256 pages) and the stripe
 /// size of common parallel filesystems, and is small enough to keep the in-flight budget fine.
@@ -45,6 +44,6 @@ pub fn block_count(size: u64) -> u64 {
 
 /// Length of block `idx` of a file of `size` bytes.
 pub fn block_len(size: u64, idx: u64) -> u64 {
-    let start = idx * BLOCK_SIZE;
+    let start = idx.saturating_mul(BLOCK_SIZE);
     size.saturating_sub(start).min(BLOCK_SIZE)
 }

@@ -140,9 +140,6 @@ impl Version {
     }
 }
 
-/// Transitional name of [`Version`] while the old store is replaced.
-pub type Signature = Version;
-
 impl Meta {
     /// The identity of the contents this metadata describes.
     pub fn version(&self) -> Version {

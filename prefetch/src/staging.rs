@@ -1,12 +1,12 @@
 //! Background staging: copy the whole tree into the cache while readers work, when it fits.
 //!
-//! The plan walks the source in directory order (names sorted, as `ls` shows them) and puts
-//! small files first: a training job that starts by touching many small files benefits most,
-//! and one large file cannot hold up thousands of small ones. The stager feeds the fetcher's
-//! staging queue a little at a time ([`FEED_DEPTH`] blocks), so the queue stays bounded and the
-//! fetcher, which runs staging only when no reader is waiting, is never flooded.
+//! The plan comes from the filesystem's metadata snapshot in directory order (names sorted, as
+//! `ls` and ImageFolder walk them) and puts small files first: a training job that starts by
+//! touching many small files benefits most, and one large file cannot hold up thousands of small
+//! ones. The stager feeds the fetcher's staging queue a little at a time ([`FEED_DEPTH`]
+//! blocks), so the queue stays bounded; the fetcher runs staging on its worker pool beside
+//! read-ahead.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -14,91 +14,72 @@ use std::time::Duration;
 
 use tracing::info;
 
-use crate::fetch::{Fetcher, Priority};
-use crate::source::Signature;
-use crate::{block_count, BLOCK_SIZE};
+use crate::fetch::{Fetcher, Priority, Want};
+use crate::BLOCK_SIZE;
 
-/// Files up to this size are staged in the first pass.
+/// Files up to this size are staged in the first pass (and packed in segments in the cache).
 pub const SMALL_FILE: u64 = 4 * BLOCK_SIZE;
-/// Staging blocks queued at once.
-pub const FEED_DEPTH: usize = 64;
+/// Staging blocks queued at once: four per default worker, so the pool never runs dry between
+/// two feeds while the queue stays small.
+pub const FEED_DEPTH: usize = 128;
 
-/// The files to stage, in order, and their total size.
-#[derive(Debug, Default)]
-pub struct StagingPlan {
-    /// Paths relative to the source root with the signature seen while planning.
-    pub files: Vec<(PathBuf, Signature)>,
-    /// Sum of the files' sizes.
-    pub total: u64,
+/// Orders `(item, size)` pairs given in directory order for staging: small files first, each
+/// group keeping the directory order.
+pub fn order<T>(files: Vec<(T, u64)>) -> Vec<T> {
+    let (small, large): (Vec<_>, Vec<_>) = files.into_iter().partition(|(_, s)| *s <= SMALL_FILE);
+    small.into_iter().chain(large).map(|(t, _)| t).collect()
 }
 
-/// Walks `root` (no symlinks followed) and orders its regular files for staging.
-pub fn plan(root: &Path) -> StagingPlan {
-    let mut all = Vec::new();
-    walk(root, Path::new(""), &mut all);
-    let total = all.iter().map(|(_, s)| s.size).sum();
-    let (mut files, large): (Vec<_>, Vec<_>) =
-        all.into_iter().partition(|(_, s)| s.size <= SMALL_FILE);
-    files.extend(large);
-    StagingPlan { files, total }
-}
+/// The blocks to fetch for one planned item (computed when the stager reaches it, so entries
+/// are created as staging goes rather than all at once).
+pub type WantsOf<T> = Arc<dyn Fn(&T) -> Vec<Want> + Send + Sync>;
 
-fn walk(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, Signature)>) {
-    let Ok(dir) = std::fs::read_dir(root.join(rel)) else {
-        return;
-    };
-    let mut entries: Vec<_> = dir.flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let Ok(meta) = e.metadata() else { continue };
-        let child = rel.join(e.file_name());
-        if meta.is_dir() {
-            walk(root, &child, out);
-        } else if meta.is_file() {
-            out.push((child, Signature::of(&meta)));
-        }
-    }
-}
-
-/// Starts staging `root` into the cache if the whole tree fits in `capacity`. Returns the
-/// thread and the number of bytes it will stage (0 if it does not fit).
-pub fn spawn(
+/// Starts staging `plan` (already ordered, `total` bytes) into the cache.
+pub fn spawn<T: Send + 'static>(
     fetcher: Fetcher,
-    root: PathBuf,
-    capacity: u64,
+    plan: Vec<T>,
+    total: u64,
+    wants: WantsOf<T>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("stagefs-stage".into())
         .spawn(move || {
-            let plan = plan(&root);
-            if plan.total > capacity {
-                info!(
-                    total = plan.total,
-                    capacity, "tree larger than the cache: no background staging"
-                );
-                return;
-            }
-            fetcher.stats().staging_target.store(plan.total, Relaxed);
+            fetcher.stats().staging_target.store(total, Relaxed);
             info!(
-                files = plan.files.len(),
-                bytes = plan.total,
+                files = plan.len(),
+                bytes = total,
                 "staging the tree in the background"
             );
-            for (rel, sig) in plan.files {
-                let rel: Arc<Path> = rel.into();
-                for idx in 0..block_count(sig.size) {
+            for item in plan {
+                for w in wants(&item) {
                     while fetcher.queued(Priority::Staging) >= FEED_DEPTH {
                         if stop.load(Relaxed) {
                             return;
                         }
-                        std::thread::sleep(Duration::from_millis(5));
+                        std::thread::sleep(Duration::from_millis(2));
                     }
                     if stop.load(Relaxed) {
                         return;
                     }
-                    fetcher.prefetch(&rel, sig, idx..idx + 1, Priority::Staging);
+                    fetcher.prefetch([w], Priority::Staging);
                 }
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_files_first_in_directory_order() {
+        let plan = order(vec![
+            ("a/big", 10 * BLOCK_SIZE),
+            ("a/x", 10),
+            ("b/big", 5 * BLOCK_SIZE),
+            ("b/y", 20),
+        ]);
+        assert_eq!(plan, vec!["a/x", "b/y", "a/big", "b/big"]);
+    }
 }

@@ -15,14 +15,24 @@ use crate::source::lock;
 pub const MAX_ERRORS: usize = 100;
 
 /// Live counters, shared by the fetcher, the store and the filesystem.
-#[derive(Default)]
 pub struct Stats {
+    /// When the counters started (the clock of the stall time).
+    started: Instant,
+    /// Readers waiting on the source right now.
+    waiting: AtomicU64,
+    /// When `waiting` last went from 0 to 1, in nanoseconds since `started`.
+    stall_since_ns: AtomicU64,
+    /// Nanoseconds during which at least one reader was waiting (closed intervals).
+    stall_ns: AtomicU64,
     /// Bytes answered from the scratch cache.
     pub bytes_from_cache: AtomicU64,
     /// Bytes answered by reading the source on the reader's behalf.
     pub bytes_from_source: AtomicU64,
-    /// Bytes served to readers by kernel passthrough (counted at open, whole files).
+    /// Opens served by kernel passthrough.
     pub passthrough_opens: AtomicU64,
+    /// Bytes handed to readers by kernel passthrough, counted as the whole file's size at each
+    /// passthrough open (the daemon does not see those reads).
+    pub bytes_passthrough: AtomicU64,
     /// Reads (FUSE read requests) on source files.
     pub reads: AtomicU64,
     /// Blocks found in the cache on a demand read.
@@ -43,7 +53,7 @@ pub struct Stats {
     pub reader_wait_ns: AtomicU64,
     /// Cached blocks whose checksum or header did not match (served from the source instead).
     pub corrupt_blocks: AtomicU64,
-    /// Times a cache write failed for lack of space (reads went to the source).
+    /// Times a cache write failed (scratch full or failing; reads went to the source).
     pub cache_full_events: AtomicU64,
     /// Tensor view chunks rendered.
     pub views_rendered: AtomicU64,
@@ -61,14 +71,19 @@ pub struct Stats {
 pub struct StatsSnapshot {
     /// Seconds since the mount started.
     pub uptime_s: f64,
-    /// Bytes answered from the cache.
+    /// Bytes of source files answered by the daemon from the cache.
     pub bytes_from_cache: u64,
-    /// Bytes answered from the source on demand.
+    /// Bytes of source files answered by the daemon from the source (readers waited).
     pub bytes_from_source: u64,
-    /// `bytes_from_cache / (bytes_from_cache + bytes_from_source)`.
-    pub hit_ratio: f64,
+    /// `bytes_from_cache / (bytes_from_cache + bytes_from_source)`; `null` before any read.
+    pub hit_ratio: Option<f64>,
     /// Opens served by kernel passthrough.
     pub passthrough_opens: u64,
+    /// Bytes of files opened through passthrough (each file's size, per open): read by the
+    /// kernel from scratch, unseen by the daemon.
+    pub bytes_passthrough: u64,
+    /// Seconds during which at least one reader was waiting on the source.
+    pub stall_s: f64,
     /// Read requests.
     pub reads: u64,
     /// Demand block hits.
@@ -105,6 +120,13 @@ pub struct StatsSnapshot {
     pub error_count: u64,
     /// The most recent errors.
     pub errors: Vec<String>,
+    /// Where the metadata snapshot came from: `listed` (this mount listed the source), `cache`
+    /// (kept by an earlier mount), or `index` (a `stagefs index` file).
+    pub snapshot: String,
+    /// Entries in the snapshot.
+    pub snapshot_entries: u64,
+    /// Metadata requests (stat, readdir, readlink) this mount sent to the source.
+    pub metadata_requests: u64,
     /// Process id of the mount daemon.
     pub pid: u32,
     /// The cache directory.
@@ -113,7 +135,60 @@ pub struct StatsSnapshot {
     pub source: String,
 }
 
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            started: Instant::now(),
+            waiting: AtomicU64::new(0),
+            stall_since_ns: AtomicU64::new(0),
+            stall_ns: AtomicU64::new(0),
+            bytes_from_cache: AtomicU64::new(0),
+            bytes_from_source: AtomicU64::new(0),
+            passthrough_opens: AtomicU64::new(0),
+            bytes_passthrough: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            block_hits: AtomicU64::new(0),
+            block_misses: AtomicU64::new(0),
+            bytes_prefetched: AtomicU64::new(0),
+            bytes_staged: AtomicU64::new(0),
+            files_staged: AtomicU64::new(0),
+            blocks_evicted: AtomicU64::new(0),
+            fetches_in_flight: AtomicU64::new(0),
+            reader_wait_ns: AtomicU64::new(0),
+            corrupt_blocks: AtomicU64::new(0),
+            cache_full_events: AtomicU64::new(0),
+            views_rendered: AtomicU64::new(0),
+            view_bytes: AtomicU64::new(0),
+            error_count: AtomicU64::new(0),
+            staging_target: AtomicU64::new(0),
+            errors: Mutex::new(VecDeque::new()),
+        }
+    }
+}
+
 impl Stats {
+    fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    /// A reader starts waiting on the source.
+    pub fn wait_begin(&self) {
+        if self.waiting.fetch_add(1, Relaxed) == 0 {
+            self.stall_since_ns.store(self.now_ns(), Relaxed);
+        }
+    }
+
+    /// A reader stops waiting on the source after `waited`.
+    pub fn wait_end(&self, waited: std::time::Duration) {
+        self.reader_wait_ns
+            .fetch_add(waited.as_nanos() as u64, Relaxed);
+        if self.waiting.fetch_sub(1, Relaxed) == 1 {
+            let since = self.stall_since_ns.load(Relaxed);
+            self.stall_ns
+                .fetch_add(self.now_ns().saturating_sub(since), Relaxed);
+        }
+    }
+
     /// Records an error for the stats file (and the count).
     pub fn error(&self, msg: impl Into<String>) {
         self.error_count.fetch_add(1, Relaxed);
@@ -130,20 +205,24 @@ impl Stats {
     }
 
     /// A snapshot of the counters; occupancy and identity fields are filled by the caller.
-    pub fn snapshot(&self, started: Instant) -> StatsSnapshot {
+    pub fn snapshot(&self) -> StatsSnapshot {
         let from_cache = self.bytes_from_cache.load(Relaxed);
         let from_source = self.bytes_from_source.load(Relaxed);
         let total = from_cache + from_source;
+        let mut stall = self.stall_ns.load(Relaxed);
+        if self.waiting.load(Relaxed) > 0 {
+            stall += self
+                .now_ns()
+                .saturating_sub(self.stall_since_ns.load(Relaxed));
+        }
         StatsSnapshot {
-            uptime_s: started.elapsed().as_secs_f64(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
             bytes_from_cache: from_cache,
             bytes_from_source: from_source,
-            hit_ratio: if total == 0 {
-                0.0
-            } else {
-                from_cache as f64 / total as f64
-            },
+            hit_ratio: (total > 0).then(|| from_cache as f64 / total as f64),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
+            bytes_passthrough: self.bytes_passthrough.load(Relaxed),
+            stall_s: stall as f64 / 1e9,
             reads: self.reads.load(Relaxed),
             block_hits: self.block_hits.load(Relaxed),
             block_misses: self.block_misses.load(Relaxed),

@@ -1,202 +1,649 @@
-//! The on-disk cache: one sparse data file and one [`EntryHeader`] per cached source file, under
-//! `DIR/v1/<xx>/<key>.{data,meta}` (256 fan-out directories keep directory sizes small).
+//! The on-disk cache: one index log ([`crate::index`]), small blocks packed in segment files
+//! ([`crate::segment`]), large files as exact sparse copies (so the kernel can read them through
+//! FUSE passthrough), capacity and least-recently-used eviction ([`crate::eviction`]).
 //!
-//! Reads verify the block's CRC-32 before returning bytes; a mismatch drops the block and is a
-//! miss. Headers are kept in memory and flushed by [`CacheStore::flush`] (periodically and at
-//! unmount), so a killed daemon loses at most the blocks cached since the last flush, never
-//! correctness. Loading reads only the headers: no scan of block data at mount time.
+//! Layout under the private cache directory ([`CacheDir`]): `v2/index.log`, `v2/segments/<n>`,
+//! `v2/files/<n>`, and whatever the filesystem persists beside them (its metadata snapshot).
+//!
+//! An *entry* caches one thing — a source file's bytes or a rendered view's — under a typed key
+//! (the path it stands for) and the [`Version`] of the contents; its *slots* are its blocks
+//! (1 MiB of a source file, one render unit of a view). Entries are found by id: the filesystem
+//! binds each of its nodes to an entry, and after a remount it re-binds the entries listed in the
+//! log by comparing the stored key and version with its snapshot — an entry is only ever served
+//! for the path it was stored for, never because a hash matched.
+//!
+//! Reads return checksummed [`Bytes`]: the block is read once from scratch into fresh
+//! (uninitialised) memory, its CRC-32 verified, and handed out without further copies. A
+//! mismatch drops the block and is a miss, so corrupt scratch bytes are never served.
+//!
+//! Locking: `inner` guards the index state; the log buffer has its own lock, always taken after
+//! `inner` or alone. Disk reads and writes of block bytes happen with no lock held.
 
-use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
+use std::collections::HashSet;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
 use std::num::NonZeroUsize;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use lru::LruCache;
+use tracing::{debug, info, warn};
 
 use crate::cachedir::CacheDir;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-
-use lru::LruCache;
-use tracing::{debug, warn};
-
 use crate::error::CacheError;
-use crate::eviction::{BlockKey, Eviction};
-use crate::meta::{path_key, EntryHeader, FORMAT_VERSION};
-use crate::source::{lock, Signature};
+use crate::eviction::Eviction;
+use crate::index::{self, EntryId, KeyKind, Loc, Record, HEADER_LEN, OWN_FILE};
+use crate::segment::{self, aligned, punch_hole, SegState, SEGMENT_BYTES};
+use crate::source::{lock, Version};
 use crate::stats::Stats;
-use crate::{block_count, block_len, BLOCK_SIZE};
+use crate::BLOCK_SIZE;
 
-/// Data-file descriptors kept open: enough for the files being read and staged at once, far
-/// below the usual limit of 1024 descriptors per process.
+/// Own data files kept open: enough for the large files being read and staged at once, far
+/// below the descriptor limit.
 pub const OPEN_DATA_FILES: usize = 256;
+/// Name of the format directory; caches of other formats beside it are removed at open.
+const FORMAT_DIR: &str = "v2";
+const INDEX: &str = "index.log";
+/// Largest index accepted at load: 64 GiB is far beyond any real cache's (≈ 100 B per block).
+const MAX_INDEX_BYTES: u64 = 64 << 30;
+/// The log is rewritten at load or close when live records are less than this fraction of it.
+const COMPACT_BELOW: f64 = 0.5;
 
 /// Where and how big the cache is.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
-    /// The cache directory (created if missing).
+    /// The cache directory (created 0700 if missing; refused if not private).
     pub dir: PathBuf,
     /// Capacity in bytes.
     pub capacity: u64,
 }
 
+/// Blocks of an entry.
+enum Slots {
+    /// One slot (most small files); `len == 0` means absent.
+    One(Loc),
+    /// Several slots, allocated at the first stored block.
+    Many(Box<[Loc]>),
+    /// Several slots, none stored yet.
+    Empty,
+}
+
+const ABSENT: Loc = Loc {
+    seg: 0,
+    off4k: 0,
+    len: 0,
+    crc: 0,
+};
+
 struct Entry {
-    path: String,
-    sig: Signature,
-    crcs: Vec<Option<u32>>,
-    present: u64,
-    dirty: bool,
-    pins: u32,
-    /// Every block's checksum was verified since the mount started (needed before passthrough).
+    /// Offset of this entry's record in the log (for rewriting the log without keeping keys in
+    /// memory: a million paths would cost tens of MB).
+    rec_at: u64,
+    owner: u32,
+    nslots: u32,
+    present: u32,
+    kind: KeyKind,
+    own_file: bool,
+    /// Every block verified against its checksum since this mount started (passthrough reads
+    /// bypass the daemon, so they are allowed only then).
     verified: bool,
-    last_used: u64,
+    pins: u32,
+    /// Number of the own data file (0 until the first block is stored).
+    own_no: u32,
+    slots: Slots,
 }
 
 impl Entry {
-    /// Whether this entry was stored for `rel`: a 64-bit key hash is not identity, and a
-    /// colliding (or planted) entry must never serve another file's bytes.
-    fn is_for(&self, rel: &Path) -> bool {
-        rel.to_str() == Some(self.path.as_str())
+    fn loc(&self, slot: u32) -> Option<Loc> {
+        let l = match &self.slots {
+            Slots::One(l) if slot == 0 => *l,
+            Slots::Many(v) => *v.get(slot as usize)?,
+            _ => return None,
+        };
+        (l.len > 0).then_some(l)
+    }
+
+    fn set_loc(&mut self, slot: u32, loc: Loc) {
+        if slot >= self.nslots {
+            return;
+        }
+        if self.nslots == 1 {
+            self.slots = Slots::One(loc);
+            return;
+        }
+        if matches!(self.slots, Slots::Empty | Slots::One(_)) {
+            self.slots = Slots::Many(vec![ABSENT; self.nslots as usize].into_boxed_slice());
+        }
+        if let Slots::Many(v) = &mut self.slots {
+            if let Some(s) = v.get_mut(slot as usize) {
+                *s = loc;
+            }
+        }
+    }
+
+    fn locs(&self) -> Vec<(u32, Loc)> {
+        match &self.slots {
+            Slots::One(l) if l.len > 0 => vec![(0, *l)],
+            Slots::Many(v) => v
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.len > 0)
+                .map(|(i, l)| (i as u32, *l))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.present == self.nslots && self.nslots > 0
     }
 }
 
+fn lru_key(id: EntryId, slot: u32) -> u64 {
+    (u64::from(id) << 32) | u64::from(slot)
+}
+
 struct Inner {
-    entries: HashMap<u64, Entry>,
+    entries: Vec<Option<Entry>>,
     evict: Eviction,
-    pinned: HashSet<u64>,
+    pinned: HashSet<EntryId>,
+    segs: Vec<SegState>,
+    /// Segment blocks are appended to (0: none yet).
+    active: u32,
+    next_own: u32,
+    snapshot: u128,
+}
+
+struct Log {
+    file: File,
+    /// Bytes of the log file written so far.
+    len: u64,
+    /// Records not yet written.
+    pending: Vec<u8>,
+    /// Bytes of records that no longer describe anything (dropped blocks and entries, and the
+    /// records that dropped them): when they are most of the log, it is rewritten.
+    garbage: u64,
+}
+
+/// Encoded size of a block record, and of an entry record without its key.
+const BLOCK_REC: u64 = 31;
+const ENTRY_REC: u64 = 47;
+
+/// An entry found in the index at open, for the owner to bind (or forget).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedEntry {
+    /// Its id.
+    pub id: EntryId,
+    /// What it caches.
+    pub kind: KeyKind,
+    /// The key (the path it stands for).
+    pub key: Vec<u8>,
+    /// The version of the cached contents.
+    pub version: Version,
+    /// The owner's node id recorded with it (meaningful if the snapshot is the same).
+    pub owner: u32,
+    /// Its number of slots.
+    pub slots: u32,
+    /// Slots stored.
+    pub present: u32,
+}
+
+/// What [`CacheStore::open`] found: the entries to bind and the snapshot their owners refer to.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The snapshot id recorded in the index (0 if none).
+    pub snapshot: u128,
+    /// The entries, in id order.
+    pub entries: Vec<LoadedEntry>,
 }
 
 /// The scratch cache.
 pub struct CacheStore {
-    root: CacheDir,
+    dir: CacheDir,
+    segdir: CacheDir,
+    filedir: CacheDir,
     inner: Mutex<Inner>,
+    log: Mutex<Log>,
+    /// Serialises flushes (the log lock is not held while one writes).
+    flushing: Mutex<()>,
     stats: Arc<Stats>,
-    seq: AtomicU64,
-    /// Lock order: `inner` before `open`, never the reverse.
-    open: Mutex<LruCache<u64, Arc<File>>>,
+    seg_files: RwLock<Vec<Option<Arc<File>>>>,
+    own_files: Mutex<LruCache<u32, Arc<File>>>,
 }
 
 impl CacheStore {
-    /// Opens (or creates) the cache in `cfg.dir`, loading the headers of a previous mount.
-    pub fn open(cfg: &StoreConfig, stats: Arc<Stats>) -> Result<CacheStore, CacheError> {
-        let root = CacheDir::open(&cfg.dir)?.subdir(&format!("v{FORMAT_VERSION}"))?;
-        // Fail now, with the directory's name, rather than on the first block write.
-        root.create_temp(".probe")
-            .and_then(|(_, name)| root.remove(name))
-            .map_err(|source| CacheError::Dir {
-                path: cfg.dir.clone(),
-                source,
-            })?;
+    /// Opens (or creates) the cache in `cfg.dir` and replays its index.
+    pub fn open(cfg: &StoreConfig, stats: Arc<Stats>) -> Result<(CacheStore, Loaded), CacheError> {
+        let top = CacheDir::open(&cfg.dir)?;
+        // Caches of older formats (turn 1: one header + data file per source file).
+        for old in ["v1"] {
+            if top.exists(old) {
+                if let Err(e) = top.remove_tree(old) {
+                    warn!(error = %e, "could not remove an old cache format");
+                }
+            }
+        }
+        let dir = top.subdir(FORMAT_DIR)?;
+        let segdir = dir.subdir("segments")?;
+        let filedir = dir.subdir("files")?;
+        let io_err = |source| CacheError::Dir {
+            path: cfg.dir.clone(),
+            source,
+        };
+        // Leftover temporaries of a killed daemon.
+        for d in [&dir, &segdir, &filedir] {
+            for name in d.list().map_err(io_err)? {
+                if name.to_string_lossy().ends_with(".tmp") {
+                    let _ = d.remove(&name);
+                }
+            }
+        }
+        let cap = NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN);
+        let (file, buf) = open_log(&dir).map_err(io_err)?;
+        let len = buf.len() as u64;
         let store = CacheStore {
-            root,
+            dir,
+            segdir,
+            filedir,
             inner: Mutex::new(Inner {
-                entries: HashMap::new(),
+                entries: Vec::new(),
                 evict: Eviction::new(cfg.capacity),
                 pinned: HashSet::new(),
+                segs: vec![SegState::default()],
+                active: 0,
+                next_own: 1,
+                snapshot: 0,
             }),
+            log: Mutex::new(Log {
+                file,
+                len,
+                pending: Vec::new(),
+                garbage: 0,
+            }),
+            flushing: Mutex::new(()),
             stats,
-            seq: AtomicU64::new(1),
-            open: Mutex::new(LruCache::new(
-                NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN),
-            )),
+            seg_files: RwLock::new(vec![None]),
+            own_files: Mutex::new(LruCache::new(cap)),
         };
-        store.load();
-        Ok(store)
+        let loaded = store.replay(&buf).map_err(io_err)?;
+        Ok((store, loaded))
     }
 
-    /// The fan-out directory of `key` and the names of its data file and header in it.
-    fn paths(&self, key: u64) -> io::Result<(CacheDir, String, String)> {
-        let dir = self
-            .root
-            .subdir(&format!("{:02x}", key & 0xff))
-            .map_err(io::Error::other)?;
-        Ok((dir, format!("{key:016x}.data"), format!("{key:016x}.meta")))
+    /// The directory the cache lives in (the filesystem keeps its snapshot there).
+    pub fn dir(&self) -> &CacheDir {
+        &self.dir
     }
 
-    /// Loads every header left by earlier mounts; drops headers without data and stale formats.
-    fn load(&self) {
-        let mut headers = Vec::new();
-        let Ok(dirs) = self.root.list() else {
-            return;
-        };
-        for bucket in dirs {
-            let Some(dir) = bucket.to_str().and_then(|b| self.root.subdir(b).ok()) else {
-                continue;
-            };
-            let Ok(files) = dir.list() else {
-                continue;
-            };
-            for name in files {
-                let p = Path::new(&name);
-                match p.extension().and_then(|e| e.to_str()) {
-                    Some("meta") => {}
-                    Some("tmp") => {
-                        let _ = dir.remove(&name);
-                        continue;
-                    }
-                    _ => continue,
-                }
-                let data = p.with_extension("data");
-                let key = p
-                    .file_stem()
-                    .and_then(|s| s.to_str())
-                    .and_then(|s| u64::from_str_radix(s, 16).ok());
-                match (key, EntryHeader::load(&dir, &name)) {
-                    (Some(key), Some(h)) if dir.exists(&data) => headers.push((key, h)),
-                    _ => {
-                        let _ = dir.remove(&name);
-                        let _ = dir.remove(&data);
-                    }
-                }
-            }
-        }
-        headers.sort_by_key(|(_, h)| h.last_used);
-        let max_seq = headers.last().map_or(0, |(_, h)| h.last_used);
-        self.seq.store(max_seq + 1, Relaxed);
+    /// Rebuilds the state from the log `buf`; rewrites the log when it is mostly garbage or
+    /// damaged. Returns the entries for the owner to bind.
+    fn replay(&self, buf: &[u8]) -> io::Result<Loaded> {
         let mut inner = lock(&self.inner);
-        for (key, h) in headers {
-            let mut present = 0;
-            for (idx, crc) in h.crcs.iter().enumerate() {
-                if crc.is_some() {
-                    present += 1;
-                    inner
-                        .evict
-                        .insert((key, idx as u32), block_len(h.sig.size, idx as u64));
+        let header = index::parse_header(buf);
+        let snapshot = header.unwrap_or(0);
+        let mut keys: Vec<Option<(KeyKind, Vec<u8>, Version)>> = Vec::new();
+        // Segment files present on scratch, with their sizes (to check block records against).
+        let mut seg_sizes: Vec<Option<u64>> = vec![None];
+        for name in self.segdir.list()? {
+            if let Some(n) = name.to_str().and_then(segment::parse_name) {
+                let Ok(size) = self.segdir.open_read(&name).and_then(|f| f.metadata()) else {
+                    continue;
+                };
+                if seg_sizes.len() <= n as usize {
+                    seg_sizes.resize(n as usize + 1, None);
+                }
+                seg_sizes[n as usize] = Some(size.len());
+            }
+        }
+        // A log of another format (or none yet) is ignored and rewritten below.
+        let mut at = if header.is_some() {
+            HEADER_LEN
+        } else {
+            buf.len()
+        };
+        let mut order: Vec<u64> = Vec::new();
+        let mut damaged = false;
+        while at < buf.len() {
+            let Some((rec, n)) = index::decode(&buf[at..]) else {
+                damaged = true;
+                break;
+            };
+            match self.apply(
+                &mut inner, &mut keys, &seg_sizes, &mut order, &rec, at as u64,
+            ) {
+                Applied::Ok => {}
+                // Stale but harmless; purged by the rewrite below.
+                Applied::Skipped => damaged = true,
+                Applied::Contradiction => {
+                    damaged = true;
+                    break;
                 }
             }
-            let complete = present == block_count(h.sig.size);
-            if complete {
-                self.stats.files_staged.fetch_add(1, Relaxed);
-            }
-            inner.entries.insert(
-                key,
-                Entry {
-                    path: h.path,
-                    sig: h.sig,
-                    crcs: h.crcs,
-                    present,
-                    dirty: false,
-                    pins: 0,
-                    verified: false,
-                    last_used: h.last_used,
-                },
-            );
+            at += n;
         }
+        // Eviction order: blocks in the order they were last recorded (oldest first); a
+        // repeated `put` moves a block to the most recent end.
+        for k in order {
+            let (id, slot) = ((k >> 32) as u32, k as u32);
+            let Some(loc) = inner
+                .entries
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .and_then(|e| e.loc(slot))
+            else {
+                continue;
+            };
+            inner.evict.insert(k, aligned(u64::from(loc.len)));
+        }
+        // Segments: live bytes and allocation ends from the blocks that survived.
+        inner.segs = vec![SegState::default(); seg_sizes.len()];
+        for (n, size) in seg_sizes.iter().enumerate().skip(1) {
+            if let Some(size) = size {
+                inner.segs[n].exists = true;
+                inner.segs[n].end = aligned(*size);
+            }
+        }
+        let mut max_own = 0;
+        for e in inner.entries.iter().flatten() {
+            max_own = max_own.max(e.own_no);
+        }
+        let live: Vec<(u32, u64)> = inner
+            .entries
+            .iter()
+            .flatten()
+            .flat_map(|e| e.locs())
+            .filter(|(_, l)| l.seg & OWN_FILE == 0)
+            .map(|(_, l)| (l.seg, aligned(u64::from(l.len))))
+            .collect();
+        for (seg, len) in live {
+            if let Some(s) = inner.segs.get_mut(seg as usize) {
+                s.live += len;
+            }
+        }
+        inner.next_own = max_own + 1;
+        // Segments and own files nothing refers to (a killed daemon's last seconds).
+        let mut seg_files = vec![None; inner.segs.len()];
+        for (n, (seg, file)) in inner.segs.iter_mut().zip(seg_files.iter_mut()).enumerate() {
+            if n == 0 || !seg.exists {
+                continue;
+            }
+            if seg.live == 0 {
+                let _ = self.segdir.remove(segment::name(n as u32));
+                seg.exists = false;
+            } else {
+                match self.segdir.open_rw(segment::name(n as u32), false) {
+                    Ok(f) => *file = Some(Arc::new(f)),
+                    Err(_) => seg.exists = false,
+                }
+            }
+        }
+        *self.seg_files.write().unwrap_or_else(|p| p.into_inner()) = seg_files;
+        let owned: HashSet<u32> = inner
+            .entries
+            .iter()
+            .flatten()
+            .filter(|e| e.own_file && e.own_no > 0)
+            .map(|e| e.own_no)
+            .collect();
+        for name in self.filedir.list()? {
+            let keep = name
+                .to_str()
+                .and_then(segment::parse_name)
+                .is_some_and(|n| owned.contains(&n));
+            if !keep {
+                let _ = self.filedir.remove(&name);
+            }
+        }
+        inner.snapshot = snapshot;
+        // Capacity lowered since the last mount: reserving nothing evicts down to it.
         if inner.evict.used() > inner.evict.capacity() {
-            // Capacity lowered since the last mount: reserving nothing evicts down to it.
-            if let Some(victims) = inner.evict.reserve(0, &HashSet::new()) {
+            let pinned = inner.pinned.clone();
+            if let Some(victims) = inner.evict.reserve(0, &pinned) {
                 for v in victims {
-                    self.drop_block(&mut inner, v);
+                    self.drop_block(&mut inner, (v >> 32) as u32, v as u32, false);
                 }
             }
         }
-        debug!(
-            entries = inner.entries.len(),
+        let mut loaded = Loaded {
+            snapshot,
+            entries: Vec::new(),
+        };
+        let mut key_bytes = 0;
+        for (id, k) in keys.into_iter().enumerate() {
+            let (Some((kind, key, version)), Some(e)) =
+                (k, inner.entries.get(id).and_then(Option::as_ref))
+            else {
+                continue;
+            };
+            key_bytes += key.len() as u64;
+            loaded.entries.push(LoadedEntry {
+                id: id as EntryId,
+                kind,
+                key,
+                version,
+                owner: e.owner,
+                slots: e.nslots,
+                present: e.present,
+            });
+        }
+        let complete = inner
+            .entries
+            .iter()
+            .flatten()
+            .filter(|e| e.kind == KeyKind::Raw && e.complete())
+            .count();
+        self.stats.files_staged.store(complete as u64, Relaxed);
+        // Rewrite the log when it is damaged, of another format, or mostly garbage.
+        let live = HEADER_LEN as u64
+            + loaded.entries.len() as u64 * ENTRY_REC
+            + key_bytes
+            + inner.evict.len() as u64 * BLOCK_REC;
+        let mostly_garbage = (live as f64) < COMPACT_BELOW * buf.len() as f64;
+        if damaged || header.is_none() || mostly_garbage {
+            self.rewrite(&mut inner, &mut loaded)?;
+        } else {
+            lock(&self.log).garbage = (buf.len() as u64).saturating_sub(live);
+        }
+        info!(
+            entries = loaded.entries.len(),
             used = inner.evict.used(),
-            "cache loaded"
+            damaged,
+            "cache index loaded"
         );
+        Ok(loaded)
+    }
+
+    /// Applies one replayed record; false if it contradicts the state (the log is damaged).
+    fn apply(
+        &self,
+        inner: &mut Inner,
+        keys: &mut Vec<Option<(KeyKind, Vec<u8>, Version)>>,
+        seg_sizes: &[Option<u64>],
+        order: &mut Vec<u64>,
+        rec: &Record<'_>,
+        at: u64,
+    ) -> Applied {
+        let ok = |b: bool| {
+            if b {
+                Applied::Ok
+            } else {
+                Applied::Contradiction
+            }
+        };
+        match rec {
+            Record::Entry {
+                id,
+                kind,
+                own_file,
+                owner,
+                slots,
+                version,
+                key,
+            } => {
+                // Ids are handed out in order; anything else is not a log we wrote.
+                if *id as usize != inner.entries.len()
+                    || u64::from(*slots) != slot_bound(*kind, version.size, *slots)
+                {
+                    return Applied::Contradiction;
+                }
+                inner.entries.push(Some(Entry {
+                    rec_at: at,
+                    owner: *owner,
+                    nslots: *slots,
+                    present: 0,
+                    kind: *kind,
+                    own_file: *own_file,
+                    verified: false,
+                    pins: 0,
+                    own_no: 0,
+                    slots: if *slots > 1 {
+                        Slots::Empty
+                    } else {
+                        Slots::One(ABSENT)
+                    },
+                }));
+                keys.push(Some((*kind, key.to_vec(), *version)));
+                Applied::Ok
+            }
+            Record::Block { id, slot, loc } => {
+                let Some(Some(e)) = inner.entries.get_mut(*id as usize) else {
+                    return ok(false);
+                };
+                if *slot >= e.nslots || loc.len == 0 || u64::from(loc.len) > BLOCK_SIZE * 64 {
+                    return ok(false);
+                }
+                let end = u64::from(loc.off4k) * segment::ALIGN + u64::from(loc.len);
+                if loc.seg & OWN_FILE != 0 {
+                    let no = loc.seg & !OWN_FILE;
+                    if !e.own_file || no == 0 || (e.own_no != 0 && e.own_no != no) {
+                        return ok(false);
+                    }
+                    e.own_no = no;
+                } else {
+                    // A block past its segment's end was never written (or the segment is
+                    // gone): skip it, the rest of the log is fine.
+                    let size = seg_sizes.get(loc.seg as usize).copied().flatten();
+                    if size.is_none_or(|s| end > s) {
+                        return Applied::Skipped;
+                    }
+                }
+                if e.loc(*slot).is_none() {
+                    e.present += 1;
+                }
+                e.set_loc(*slot, *loc);
+                order.push(lru_key(*id, *slot));
+                Applied::Ok
+            }
+            Record::DropBlock { id, slot } => {
+                let Some(Some(e)) = inner.entries.get_mut(*id as usize) else {
+                    return ok(false);
+                };
+                if e.loc(*slot).is_some() {
+                    e.present -= 1;
+                    e.set_loc(*slot, ABSENT);
+                }
+                Applied::Ok
+            }
+            Record::DropEntry { id } => {
+                let Some(slot) = inner.entries.get_mut(*id as usize) else {
+                    return ok(false);
+                };
+                *slot = None;
+                if let Some(k) = keys.get_mut(*id as usize) {
+                    *k = None;
+                }
+                Applied::Ok
+            }
+            Record::Bind { id, owner } => {
+                let Some(Some(e)) = inner.entries.get_mut(*id as usize) else {
+                    return ok(false);
+                };
+                e.owner = *owner;
+                Applied::Ok
+            }
+        }
+    }
+
+    /// Writes a compact log of the live state (ids renumbered densely, blocks in eviction
+    /// order so that a replay restores it) to a temporary file and renames it into place.
+    /// Ids change, so this runs only before the owner binds anything (at open; `loaded` is
+    /// updated to the new ids) or after it is done (at close).
+    fn rewrite(&self, inner: &mut Inner, loaded: &mut Loaded) -> io::Result<()> {
+        let mut out = index::header(inner.snapshot);
+        let mut new_ids = vec![u32::MAX; inner.entries.len()];
+        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(loaded.entries.len());
+        for le in &mut loaded.entries {
+            let Some(mut e) = inner.entries.get_mut(le.id as usize).and_then(Option::take) else {
+                continue;
+            };
+            if e.present == 0 {
+                continue;
+            }
+            let id = entries.len() as EntryId;
+            new_ids[le.id as usize] = id;
+            le.id = id;
+            e.rec_at = out.len() as u64;
+            index::encode(
+                &Record::Entry {
+                    id,
+                    kind: e.kind,
+                    own_file: e.own_file,
+                    owner: e.owner,
+                    slots: e.nslots,
+                    version: le.version,
+                    key: &le.key,
+                },
+                &mut out,
+            );
+            entries.push(Some(e));
+        }
+        // Blocks in eviction order, least recently used first; the eviction index is rebuilt
+        // under the new ids.
+        let order = inner.evict.keys_lru_first();
+        let mut evict = Eviction::new(inner.evict.capacity());
+        for k in order {
+            let (old, slot) = ((k >> 32) as usize, k as u32);
+            let Some(&id) = new_ids.get(old).filter(|i| **i != u32::MAX) else {
+                continue;
+            };
+            let Some(loc) = entries
+                .get(id as usize)
+                .and_then(Option::as_ref)
+                .and_then(|e| e.loc(slot))
+            else {
+                continue;
+            };
+            index::encode(&Record::Block { id, slot, loc }, &mut out);
+            evict.insert(lru_key(id, slot), aligned(u64::from(loc.len)));
+        }
+        let (mut f, tmp) = self.dir.create_temp(INDEX)?;
+        let written = f.write_all(&out).and_then(|_| f.sync_data());
+        if let Err(e) = written {
+            let _ = self.dir.remove(&tmp);
+            return Err(e);
+        }
+        self.dir.rename(&tmp, INDEX)?;
+        let _ = self.dir.sync();
+        let file = self.dir.open_rw(INDEX, false)?;
+        loaded.entries.retain(|le| {
+            entries.get(le.id as usize).is_some_and(Option::is_some) && le.present > 0
+        });
+        inner.entries = entries;
+        inner.evict = evict;
+        let mut log = lock(&self.log);
+        log.file = file;
+        log.len = out.len() as u64;
+        log.garbage = 0;
+        log.pending.clear();
+        debug!(bytes = out.len(), "cache index rewritten");
+        Ok(())
+    }
+
+    /// Number of entry ids handed out (live or dropped).
+    pub fn entries_len(&self) -> usize {
+        lock(&self.inner).entries.len()
     }
 
     /// Bytes cached now.
@@ -209,156 +656,380 @@ impl CacheStore {
         lock(&self.inner).evict.capacity()
     }
 
-    /// Whether block `idx` of `rel` (with contents `sig`) is cached.
-    pub fn contains(&self, rel: &Path, sig: Signature, idx: u64) -> bool {
-        let key = path_key(rel);
-        let inner = lock(&self.inner);
-        inner.entries.get(&key).is_some_and(|e| {
-            e.sig == sig && e.is_for(rel) && e.crcs.get(idx as usize).is_some_and(Option::is_some)
-        })
+    /// The snapshot the owners recorded in the index refer to.
+    pub fn snapshot(&self) -> u128 {
+        lock(&self.inner).snapshot
     }
 
-    /// Whether every block of `rel` (with contents `sig`) is cached.
-    pub fn is_complete(&self, rel: &Path, sig: Signature) -> bool {
-        let key = path_key(rel);
-        let inner = lock(&self.inner);
-        inner
-            .entries
-            .get(&key)
-            .is_some_and(|e| e.sig == sig && e.is_for(rel) && e.present == block_count(sig.size))
-    }
-
-    /// Reads block `idx` into `buf` (at least the block's length) if it is cached and its
-    /// checksum verifies; returns the block's length.
-    pub fn read_block(
-        &self,
-        rel: &Path,
-        sig: Signature,
-        idx: u64,
-        buf: &mut [u8],
-    ) -> Option<usize> {
-        let key = path_key(rel);
-        let len = block_len(sig.size, idx) as usize;
-        let (file, crc) = {
-            let mut inner = lock(&self.inner);
-            let seq = self.seq.fetch_add(1, Relaxed);
-            let e = inner.entries.get_mut(&key)?;
-            if e.sig != sig || !e.is_for(rel) {
-                return None;
-            }
-            let crc = (*e.crcs.get(idx as usize)?)?;
-            e.last_used = seq;
-            let file = self.data_file(e, key).ok()?;
-            inner.evict.touch((key, idx as u32));
-            (file, crc)
-        };
-        let buf = &mut buf[..len];
-        let ok = file.read_exact_at(buf, idx * BLOCK_SIZE).is_ok() && crc32fast::hash(buf) == crc;
-        if ok {
-            return Some(len);
+    /// Records that owner ids now refer to snapshot `id` (written into the log header).
+    pub fn set_snapshot(&self, id: u128) -> io::Result<()> {
+        let mut inner = lock(&self.inner);
+        if inner.snapshot == id {
+            return Ok(());
         }
-        // The block may have been evicted (hole punched) while we read it: only a block that is
-        // still listed with the same checksum is corrupt.
+        inner.snapshot = id;
+        let log = lock(&self.log);
+        log.file.write_all_at(&index::header(id), 0)
+    }
+
+    /// Creates an entry for `key` with contents `version`, `slots` blocks, and `owner` (the
+    /// caller's node id, recorded so a remount on the same snapshot rebinds it at once).
+    /// `own_file`: keep the blocks in an exact copy of the file (large files, passthrough).
+    pub fn create(
+        &self,
+        kind: KeyKind,
+        key: &[u8],
+        version: Version,
+        slots: u32,
+        own_file: bool,
+        owner: u32,
+    ) -> EntryId {
+        let mut inner = lock(&self.inner);
+        let id = inner.entries.len() as EntryId;
+        let mut log = lock(&self.log);
+        let rec_at = log.len + log.pending.len() as u64;
+        index::encode(
+            &Record::Entry {
+                id,
+                kind,
+                own_file,
+                owner,
+                slots,
+                version,
+                key,
+            },
+            &mut log.pending,
+        );
+        drop(log);
+        inner.entries.push(Some(Entry {
+            rec_at,
+            owner,
+            nslots: slots,
+            present: 0,
+            kind,
+            own_file,
+            verified: false,
+            pins: 0,
+            own_no: 0,
+            slots: if slots > 1 {
+                Slots::Empty
+            } else {
+                Slots::One(ABSENT)
+            },
+        }));
+        id
+    }
+
+    /// Records that entry `id` now belongs to node `owner`.
+    pub fn bind(&self, id: EntryId, owner: u32) {
+        let mut inner = lock(&self.inner);
+        let Some(Some(e)) = inner.entries.get_mut(id as usize) else {
+            return;
+        };
+        if e.owner != owner {
+            e.owner = owner;
+            append(&self.log, &Record::Bind { id, owner });
+        }
+    }
+
+    /// Drops entry `id` and everything it caches (its source changed, or nobody owns it).
+    pub fn forget(&self, id: EntryId) {
+        let mut inner = lock(&self.inner);
+        self.forget_locked(&mut inner, id);
+    }
+
+    fn forget_locked(&self, inner: &mut Inner, id: EntryId) {
+        let Some(e) = inner.entries.get(id as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        if e.pins > 0 {
+            return;
+        }
+        for (slot, _) in e.locs() {
+            inner.evict.remove(lru_key(id, slot));
+            self.drop_block(inner, id, slot, false);
+        }
+        if let Some(slot) = inner.entries.get_mut(id as usize) {
+            *slot = None;
+        }
+        append(&self.log, &Record::DropEntry { id });
+    }
+
+    /// Whether slot `slot` of entry `id` is stored.
+    pub fn contains(&self, id: EntryId, slot: u32) -> bool {
+        lock(&self.inner)
+            .entries
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.loc(slot).is_some())
+    }
+
+    /// Whether every slot of entry `id` is stored.
+    pub fn is_complete(&self, id: EntryId) -> bool {
+        lock(&self.inner)
+            .entries
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(Entry::complete)
+    }
+
+    fn seg_file(&self, n: u32) -> Option<Arc<File>> {
+        self.seg_files
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(n as usize)
+            .cloned()
+            .flatten()
+    }
+
+    /// The open own data file `no`; with `create`, made if missing (empty if `fresh_size`).
+    fn own_file(&self, no: u32, fresh_size: bool, create: bool) -> io::Result<Arc<File>> {
+        if let Some(f) = lock(&self.own_files).get(&no) {
+            return Ok(f.clone());
+        }
+        let f = self.filedir.open_rw(segment::name(no), create)?;
+        // A new copy starts empty and grows with the blocks written into it, so that once
+        // complete it has exactly the source's size (what passthrough readers see).
+        if create && fresh_size {
+            f.set_len(0)?;
+        }
+        let f = Arc::new(f);
+        lock(&self.own_files).put(no, f.clone());
+        Ok(f)
+    }
+
+    /// The file and byte offset holding `loc`.
+    fn locate(&self, loc: Loc) -> Option<(Arc<File>, u64)> {
+        let off = u64::from(loc.off4k) * segment::ALIGN;
+        let file = if loc.seg & OWN_FILE != 0 {
+            self.own_file(loc.seg & !OWN_FILE, false, false).ok()?
+        } else {
+            self.seg_file(loc.seg)?
+        };
+        Some((file, off))
+    }
+
+    /// Slot `slot` of entry `id`, if stored and intact: read once from scratch into fresh
+    /// memory and verified against its checksum. A corrupt block is dropped (a miss).
+    pub fn read(&self, id: EntryId, slot: u32) -> Option<Bytes> {
+        let loc = {
+            let mut inner = lock(&self.inner);
+            let loc = inner.entries.get(id as usize)?.as_ref()?.loc(slot)?;
+            inner.evict.touch(lru_key(id, slot));
+            loc
+        };
+        let (file, off) = self.locate(loc)?;
+        let len = loc.len as usize;
+        let mut buf = BytesMut::with_capacity(len);
+        let n = read_uninit(&file, &mut buf, len, off);
+        if n.as_ref().is_ok_and(|n| *n == len) && crc32fast::hash(&buf) == loc.crc {
+            return Some(buf.freeze());
+        }
+        // Evicted (hole punched) while we read? Only a block still listed is corrupt.
         let mut inner = lock(&self.inner);
         let still = inner
             .entries
-            .get(&key)
-            .is_some_and(|e| e.sig == sig && e.crcs.get(idx as usize) == Some(&Some(crc)));
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .and_then(|e| e.loc(slot))
+            == Some(loc);
         if still {
             self.stats.corrupt_blocks.fetch_add(1, Relaxed);
             self.stats.error(format!(
-                "corrupt cache block {idx} of {} (re-fetched)",
-                rel.display()
+                "corrupt cache block {slot} of entry {id} (re-fetched)"
             ));
-            warn!(path = %rel.display(), block = idx, "cache block failed its checksum; re-fetching");
-            self.drop_block(&mut inner, (key, idx as u32));
-            inner.evict.remove((key, idx as u32));
+            warn!(
+                entry = id,
+                slot, "cache block failed its checksum; re-fetching"
+            );
+            inner.evict.remove(lru_key(id, slot));
+            self.drop_block(&mut inner, id, slot, true);
         }
         None
     }
 
-    /// Caches block `idx` of `rel`; returns false if it was not cached (no room, write error).
-    pub fn insert_block(&self, rel: &Path, sig: Signature, idx: u64, data: &[u8]) -> bool {
-        let key = path_key(rel);
+    /// Stores `data` as slot `slot` of entry `id`; false if it was not stored (no room, write
+    /// error, entry gone). Storing a slot already stored is a no-op.
+    pub fn insert(&self, id: EntryId, slot: u32, data: &[u8]) -> bool {
         let len = data.len() as u64;
-        if len != block_len(sig.size, idx) {
+        if len == 0 || len > u64::from(u32::MAX) {
             return false;
         }
-        let file = {
+        let (file, loc) = {
             let mut inner = lock(&self.inner);
-            let seq = self.seq.fetch_add(1, Relaxed);
-            let stale = inner
-                .entries
-                .get(&key)
-                .is_some_and(|e| e.sig != sig || !e.is_for(rel));
-            if stale {
-                self.remove_entry(&mut inner, key);
+            let Some(e) = inner.entries.get(id as usize).and_then(Option::as_ref) else {
+                return false;
+            };
+            if slot >= e.nslots {
+                return false;
             }
-            if inner
-                .entries
-                .get(&key)
-                .is_some_and(|e| e.crcs.get(idx as usize).is_some_and(Option::is_some))
-            {
+            if e.loc(slot).is_some() {
                 return true;
             }
+            let own = e.own_file;
+            let space = aligned(len);
             let pinned = inner.pinned.clone();
-            let Some(victims) = inner.evict.reserve(len, &pinned) else {
+            let Some(victims) = inner.evict.reserve(space, &pinned) else {
                 return false;
             };
             for v in victims {
-                self.drop_block(&mut inner, v);
+                self.drop_block(&mut inner, (v >> 32) as u32, v as u32, false);
             }
-            // Reserve the space now: the block is listed only once its bytes are written.
-            inner.evict.insert((key, idx as u32), len);
-            let e = inner.entries.entry(key).or_insert_with(|| Entry {
-                path: rel.to_string_lossy().into_owned(),
-                sig,
-                crcs: vec![None; block_count(sig.size) as usize],
-                present: 0,
-                dirty: true,
-                pins: 0,
-                verified: false,
-                last_used: seq,
-            });
-            e.last_used = seq;
-            match self.data_file(e, key) {
-                Ok(f) => f,
+            let placed = if own {
+                self.place_own(&mut inner, id, slot)
+            } else {
+                self.place_packed(&mut inner, space)
+            };
+            match placed {
+                Ok(x) => {
+                    inner.evict.insert(lru_key(id, slot), space);
+                    let (file, seg, off) = x;
+                    (
+                        file,
+                        Loc {
+                            seg,
+                            off4k: (off / segment::ALIGN) as u32,
+                            len: len as u32,
+                            crc: crc32fast::hash(data),
+                        },
+                    )
+                }
                 Err(err) => {
-                    inner.evict.remove((key, idx as u32));
-                    self.write_failed(&mut inner, err);
+                    self.write_failed(&mut inner, &err);
                     return false;
                 }
             }
         };
-        let crc = crc32fast::hash(data);
-        if let Err(err) = file.write_all_at(data, idx * BLOCK_SIZE) {
+        let off = u64::from(loc.off4k) * segment::ALIGN;
+        let space = aligned(len);
+        if let Err(err) = file.write_all_at(data, off) {
+            punch_hole(&file, off, space);
             let mut inner = lock(&self.inner);
-            inner.evict.remove((key, idx as u32));
-            punch_hole(&file, idx * BLOCK_SIZE, len);
-            self.write_failed(&mut inner, err);
+            inner.evict.remove(lru_key(id, slot));
+            self.release_space(&mut inner, loc.seg, space);
+            self.write_failed(&mut inner, &err);
             return false;
         }
         let mut inner = lock(&self.inner);
-        let Some(e) = inner.entries.get_mut(&key).filter(|e| e.sig == sig) else {
-            // Invalidated while we wrote: the reservation went with the entry.
-            return false;
-        };
-        if let Some(slot) = e.crcs.get_mut(idx as usize) {
-            if slot.is_none() {
+        let stored = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(e) if e.loc(slot).is_none() => {
+                e.set_loc(slot, loc);
                 e.present += 1;
+                e.complete() && e.kind == KeyKind::Raw
             }
-            *slot = Some(crc);
-            e.dirty = true;
-            if e.present == block_count(sig.size) {
-                self.stats.files_staged.fetch_add(1, Relaxed);
+            _ => {
+                // Dropped (or stored by someone else) while we wrote: give the space back.
+                drop(inner);
+                punch_hole(&file, off, space);
+                let mut inner = lock(&self.inner);
+                inner.evict.remove(lru_key(id, slot));
+                self.release_space(&mut inner, loc.seg, space);
+                return self.contains(id, slot);
             }
+        };
+        if stored {
+            self.stats.files_staged.fetch_add(1, Relaxed);
         }
+        append(&self.log, &Record::Block { id, slot, loc });
         true
     }
 
-    fn write_failed(&self, inner: &mut Inner, err: io::Error) {
+    /// Space for a packed block of `space` bytes at the end of the active segment.
+    fn place_packed(&self, inner: &mut Inner, space: u64) -> io::Result<(Arc<File>, u32, u64)> {
+        let need_new = inner.active == 0
+            || inner
+                .segs
+                .get(inner.active as usize)
+                .is_none_or(|s| s.end + space > SEGMENT_BYTES);
+        if need_new {
+            let n = inner.segs.len() as u32;
+            if n >= OWN_FILE {
+                return Err(io::Error::other("too many segments"));
+            }
+            let f = self.segdir.open_rw(segment::name(n), true)?;
+            f.set_len(0)?;
+            inner.segs.push(SegState {
+                end: 0,
+                live: 0,
+                exists: true,
+            });
+            let mut files = self.seg_files.write().unwrap_or_else(|p| p.into_inner());
+            if files.len() <= n as usize {
+                files.resize(n as usize + 1, None);
+            }
+            files[n as usize] = Some(Arc::new(f));
+            drop(files);
+            let old = inner.active;
+            inner.active = n;
+            // The previous segment may already be empty (everything evicted).
+            if old != 0 {
+                self.release_space(inner, old, 0);
+            }
+        }
+        let n = inner.active;
+        let file = self
+            .seg_file(n)
+            .ok_or_else(|| io::Error::other("segment file missing"))?;
+        let seg = &mut inner.segs[n as usize];
+        let off = seg.end;
+        seg.end += space;
+        seg.live += space;
+        Ok((file, n, off))
+    }
+
+    /// The own data file of entry `id` and the offset of `slot` in it.
+    fn place_own(
+        &self,
+        inner: &mut Inner,
+        id: EntryId,
+        slot: u32,
+    ) -> io::Result<(Arc<File>, u32, u64)> {
+        let next = inner.next_own;
+        let e = inner
+            .entries
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| io::Error::other("entry gone"))?;
+        let fresh = e.own_no == 0;
+        if fresh {
+            e.own_no = next;
+        }
+        let no = e.own_no;
+        if fresh {
+            inner.next_own += 1;
+        }
+        let file = self.own_file(no, fresh, true)?;
+        Ok((file, OWN_FILE | no, u64::from(slot) * BLOCK_SIZE))
+    }
+
+    /// Gives back `space` bytes of segment `seg` (no-op for own files); deletes a segment left
+    /// with nothing in it, unless blocks are still being appended to it.
+    fn release_space(&self, inner: &mut Inner, seg: u32, space: u64) {
+        if seg & OWN_FILE != 0 {
+            return;
+        }
+        let active = inner.active;
+        let Some(s) = inner.segs.get_mut(seg as usize) else {
+            return;
+        };
+        s.live = s.live.saturating_sub(space);
+        if s.live == 0 && seg != active && s.exists {
+            s.exists = false;
+            let _ = self.segdir.remove(segment::name(seg));
+            if let Some(f) = self
+                .seg_files
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(seg as usize)
+            {
+                *f = None;
+            }
+        }
+    }
+
+    fn write_failed(&self, inner: &mut Inner, err: &io::Error) {
         self.stats.cache_full_events.fetch_add(1, Relaxed);
-        if err.raw_os_error() == Some(libc::ENOSPC) || err.raw_os_error() == Some(libc::EDQUOT) {
+        if matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
             // Scratch is smaller than promised: cap the cache at what it holds now.
             let used = inner.evict.used();
             inner.evict.set_capacity(used);
@@ -371,130 +1042,71 @@ impl CacheStore {
         }
     }
 
-    /// The open data file of an entry, creating it sparse at the source's size. Descriptors
-    /// are kept in a small LRU ([`OPEN_DATA_FILES`]): one per cached file would exhaust the
-    /// process's limit on a dataset of many small files.
-    fn data_file(&self, e: &mut Entry, key: u64) -> io::Result<Arc<File>> {
-        if let Some(f) = lock(&self.open).get(&key) {
-            return Ok(f.clone());
-        }
-        let (dir, data, _) = self.paths(key)?;
-        let f = dir.open_rw(&data, true)?;
-        if f.metadata()?.len() != e.sig.size {
-            f.set_len(e.sig.size)?;
-        }
-        let f = Arc::new(f);
-        lock(&self.open).put(key, f.clone());
-        Ok(f)
-    }
-
     /// Releases a block's disk space and unlists it (the eviction index is the caller's).
-    fn drop_block(&self, inner: &mut Inner, (key, idx): BlockKey) {
-        let Some(e) = inner.entries.get_mut(&key) else {
+    fn drop_block(&self, inner: &mut Inner, id: EntryId, slot: u32, corrupt: bool) {
+        let Some(e) = inner.entries.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
-        if let Some(slot) = e.crcs.get_mut(idx as usize) {
-            if slot.take().is_some() {
-                if e.present == block_count(e.sig.size) {
-                    self.stats.files_staged.fetch_sub(1, Relaxed);
-                }
-                e.present -= 1;
-                e.dirty = true;
-                e.verified = false;
-                self.stats.blocks_evicted.fetch_add(1, Relaxed);
+        let Some(loc) = e.loc(slot) else {
+            return;
+        };
+        let was_complete = e.complete() && e.kind == KeyKind::Raw;
+        e.set_loc(slot, ABSENT);
+        e.present -= 1;
+        e.verified = false;
+        let empty_own = e.own_file && e.present == 0 && e.pins == 0;
+        let own_no = e.own_no;
+        if was_complete {
+            self.stats.files_staged.fetch_sub(1, Relaxed);
+        }
+        if !corrupt {
+            self.stats.blocks_evicted.fetch_add(1, Relaxed);
+        }
+        append(&self.log, &Record::DropBlock { id, slot });
+        let space = aligned(u64::from(loc.len));
+        if empty_own {
+            lock(&self.own_files).pop(&own_no);
+            let _ = self.filedir.remove(segment::name(own_no));
+            if let Some(e) = inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+                e.own_no = 0;
             }
+            return;
         }
-        if e.present == 0 {
-            self.remove_entry(inner, key);
-        } else if let Ok(f) = self.data_file(e, key) {
-            punch_hole(
-                &f,
-                u64::from(idx) * BLOCK_SIZE,
-                block_len(e.sig.size, u64::from(idx)),
-            );
+        if let Some((file, off)) = self.locate(loc) {
+            punch_hole(&file, off, space);
         }
+        self.release_space(inner, loc.seg, space);
     }
 
-    fn remove_entry(&self, inner: &mut Inner, key: u64) {
-        if let Some(e) = inner.entries.remove(&key) {
-            if e.present == block_count(e.sig.size) && e.present > 0 {
-                self.stats.files_staged.fetch_sub(1, Relaxed);
-            }
-            for (idx, crc) in e.crcs.iter().enumerate() {
-                if crc.is_some() {
-                    inner.evict.remove((key, idx as u32));
-                }
-            }
-            inner.pinned.remove(&key);
-        }
-        // A later entry under this key must not write into the unlinked file.
-        lock(&self.open).pop(&key);
-        if let Ok((dir, data, meta)) = self.paths(key) {
-            let _ = dir.remove(meta);
-            let _ = dir.remove(data);
-        }
-    }
-
-    /// Drops everything cached for `rel` (its source changed or vanished).
-    pub fn invalidate(&self, rel: &Path) {
-        let key = path_key(rel);
-        let mut inner = lock(&self.inner);
-        if inner.entries.get(&key).is_some_and(|e| e.pins == 0) {
-            self.remove_entry(&mut inner, key);
-        }
-    }
-
-    /// For a fully cached file: verifies every block once per mount, pins the file against
-    /// eviction and returns its data file, ready to be handed to the kernel for passthrough.
-    /// Call [`unpin`](Self::unpin) when the last handle is released.
-    pub fn pin_complete(&self, rel: &Path, sig: Signature) -> Option<File> {
-        let key = path_key(rel);
-        let (file, crcs, verified) = {
+    /// For a fully cached large file whose blocks were all verified in this mount: pins it
+    /// against eviction and returns a descriptor of its exact copy, for kernel passthrough.
+    /// `None` if it is not complete or not yet verified (see [`verify`](Self::verify)). Call
+    /// [`unpin`](Self::unpin) when the kernel no longer uses it.
+    pub fn pin_passthrough(&self, id: EntryId) -> Option<File> {
+        let no = {
             let mut inner = lock(&self.inner);
-            let e = inner.entries.get_mut(&key)?;
-            if e.sig != sig || !e.is_for(rel) || e.present != block_count(sig.size) {
+            let e = inner.entries.get_mut(id as usize)?.as_mut()?;
+            if !e.own_file || !e.complete() || !e.verified || e.own_no == 0 {
                 return None;
             }
-            let file = self.data_file(e, key).ok()?;
             e.pins += 1;
-            inner.pinned.insert(key);
-            let e = inner.entries.get(&key)?;
-            (file, e.crcs.clone(), e.verified)
+            let no = e.own_no;
+            inner.pinned.insert(id);
+            no
         };
-        if !verified {
-            let mut buf = vec![0u8; BLOCK_SIZE as usize];
-            for (idx, crc) in crcs.iter().enumerate() {
-                let len = block_len(sig.size, idx as u64) as usize;
-                let ok = file
-                    .read_exact_at(&mut buf[..len], idx as u64 * BLOCK_SIZE)
-                    .is_ok()
-                    && Some(crc32fast::hash(&buf[..len])) == *crc;
-                if !ok {
-                    self.unpin(rel);
-                    // Let the normal read path find, count and re-fetch the bad block.
-                    let mut scratch = vec![0u8; BLOCK_SIZE as usize];
-                    self.read_block(rel, sig, idx as u64, &mut scratch);
-                    return None;
-                }
-            }
-            if let Some(e) = lock(&self.inner).entries.get_mut(&key) {
-                e.verified = true;
+        match self.filedir.open_read(segment::name(no)) {
+            Ok(f) => Some(f),
+            Err(_) => {
+                self.unpin(id);
+                None
             }
         }
-        self.paths(key)
-            .and_then(|(dir, data, _)| dir.open_read(OsStr::new(&data)))
-            .ok()
-            .or_else(|| {
-                self.unpin(rel);
-                None
-            })
     }
 
-    /// Releases one pin taken by [`pin_complete`](Self::pin_complete).
-    pub fn unpin(&self, rel: &Path) {
-        let key = path_key(rel);
+    /// Releases one pin taken by [`pin_passthrough`](Self::pin_passthrough).
+    pub fn unpin(&self, id: EntryId) {
         let mut inner = lock(&self.inner);
-        let done = match inner.entries.get_mut(&key) {
+        let done = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
             Some(e) => {
                 e.pins = e.pins.saturating_sub(1);
                 e.pins == 0
@@ -502,63 +1114,195 @@ impl CacheStore {
             None => true,
         };
         if done {
-            inner.pinned.remove(&key);
+            inner.pinned.remove(&id);
         }
     }
 
-    /// Writes the headers of entries changed since the last flush. Data is written before its
-    /// header lists it, so a crash between the two only loses blocks.
-    pub fn flush(&self) -> io::Result<()> {
-        let dirty: Vec<(u64, EntryHeader)> = {
-            let mut inner = lock(&self.inner);
-            inner
-                .entries
-                .iter_mut()
-                .filter(|(_, e)| e.dirty)
-                .map(|(key, e)| {
-                    e.dirty = false;
-                    let h = EntryHeader {
-                        format: FORMAT_VERSION,
-                        path: e.path.clone(),
-                        sig: e.sig,
-                        block_size: BLOCK_SIZE,
-                        crcs: e.crcs.clone(),
-                        last_used: e.last_used,
-                    };
-                    (*key, h)
-                })
-                .collect()
+    /// Verifies every stored block of entry `id` against its checksum, dropping bad ones;
+    /// true if the entry is complete and intact (then passthrough may serve it). Meant for a
+    /// background thread: it reads the whole entry.
+    pub fn verify(&self, id: EntryId) -> bool {
+        let locs = {
+            let inner = lock(&self.inner);
+            match inner.entries.get(id as usize).and_then(Option::as_ref) {
+                Some(e) if e.complete() => e.locs(),
+                _ => return false,
+            }
         };
-        let mut result = Ok(());
-        for (key, h) in dirty {
-            let stored = self
-                .paths(key)
-                .and_then(|(dir, _, meta)| h.store(&dir, &meta));
-            if let Err(e) = stored {
-                warn!(error = %e, "writing a cache header failed");
-                if let Some(entry) = lock(&self.inner).entries.get_mut(&key) {
-                    entry.dirty = true;
-                }
-                result = Err(e);
+        for (slot, _) in locs {
+            if self.read(id, slot).is_none() {
+                return false;
             }
         }
-        result
+        let mut inner = lock(&self.inner);
+        match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(e) if e.complete() => {
+                e.verified = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends the records of changes since the last flush to the index log. A killed daemon
+    /// loses at most what changed since then. The write happens without blocking the cache
+    /// (records keep accumulating meanwhile).
+    pub fn flush(&self) -> io::Result<()> {
+        let _one = lock(&self.flushing);
+        let (file, at, batch) = {
+            let mut log = lock(&self.log);
+            if log.pending.is_empty() {
+                return Ok(());
+            }
+            let batch = std::mem::take(&mut log.pending);
+            let at = log.len;
+            log.len += batch.len() as u64;
+            (log.file.try_clone()?, at, batch)
+        };
+        match file.write_all_at(&batch, at) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // A torn tail would hide every later record at replay: cut it off and put the
+                // batch back in front of what accumulated since, so offsets stay right.
+                let _ = file.set_len(at);
+                let mut log = lock(&self.log);
+                let mut pending = batch;
+                pending.append(&mut log.pending);
+                log.pending = pending;
+                log.len = at;
+                Err(e)
+            }
+        }
+    }
+
+    /// Flushes, and rewrites the log compactly if it is mostly garbage: call at unmount.
+    pub fn close(&self) -> io::Result<()> {
+        self.flush()?;
+        let mut inner = lock(&self.inner);
+        let (len, garbage) = {
+            let log = lock(&self.log);
+            (log.len, log.garbage)
+        };
+        if (garbage as f64) < (1.0 - COMPACT_BELOW) * len as f64 {
+            return Ok(());
+        }
+        // Keys are read back from the log (they are not kept in memory).
+        let mut buf = Vec::new();
+        {
+            let log = lock(&self.log);
+            let mut f = &log.file;
+            use std::io::Seek;
+            f.seek(io::SeekFrom::Start(0))?;
+            f.take(len).read_to_end(&mut buf)?;
+        }
+        let mut loaded = Loaded {
+            snapshot: inner.snapshot,
+            entries: Vec::new(),
+        };
+        for (id, e) in inner.entries.iter().enumerate() {
+            let Some(e) = e else { continue };
+            if let Some((
+                Record::Entry {
+                    kind, key, version, ..
+                },
+                _,
+            )) = buf.get(e.rec_at as usize..).and_then(index::decode)
+            {
+                loaded.entries.push(LoadedEntry {
+                    id: id as EntryId,
+                    kind,
+                    key: key.to_vec(),
+                    version,
+                    owner: e.owner,
+                    slots: e.nslots,
+                    present: e.present,
+                });
+            }
+        }
+        self.rewrite(&mut inner, &mut loaded)
     }
 }
 
-/// Frees the disk space of a byte range without changing the file size. Filesystems without
-/// hole punching keep the bytes; the header no longer lists them, so they are never served.
-fn punch_hole(file: &File, offset: u64, len: u64) {
-    // SAFETY: fallocate on a descriptor we own, with a valid mode; it touches no memory.
-    let rc = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            len as libc::off_t,
-        )
+/// Appends one record to the pending log buffer (and counts it as live data).
+fn append(log: &Mutex<Log>, rec: &Record<'_>) {
+    let mut log = lock(log);
+    let start = log.pending.len();
+    index::encode(rec, &mut log.pending);
+    let own = (log.pending.len() - start) as u64;
+    // What this record makes obsolete, itself included (approximately, for entries' keys).
+    log.garbage += match rec {
+        Record::Block { .. } | Record::Entry { .. } => 0,
+        Record::DropBlock { .. } => own + BLOCK_REC,
+        Record::DropEntry { .. } => own + ENTRY_REC,
+        Record::Bind { .. } => own,
     };
-    if rc != 0 {
-        debug!(error = %io::Error::last_os_error(), "hole punching unavailable");
+}
+
+/// What replaying one record did.
+enum Applied {
+    Ok,
+    /// A stale record that refers to space no longer there (safe to skip).
+    Skipped,
+    /// A record the log's own history contradicts: the rest of the log is not trusted.
+    Contradiction,
+}
+
+/// Number of slots an entry of `kind` and `size` may have: exactly the 1 MiB blocks of a raw
+/// file; a view's own unit count (bounded by its size: no unit is empty).
+fn slot_bound(kind: KeyKind, size: u64, slots: u32) -> u64 {
+    match kind {
+        KeyKind::Raw => size.div_ceil(BLOCK_SIZE),
+        KeyKind::View if u64::from(slots) <= size.max(1) => u64::from(slots),
+        KeyKind::View => u64::MAX,
     }
+}
+
+/// Opens the index log (creating it with an empty header) and reads it whole.
+fn open_log(dir: &CacheDir) -> io::Result<(File, Vec<u8>)> {
+    let mut f = dir.open_rw(INDEX, true)?;
+    let len = f.metadata()?.len();
+    if len > MAX_INDEX_BYTES {
+        return Err(io::Error::other(format!(
+            "cache index is {len} bytes, larger than any cache could need: remove the cache directory"
+        )));
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len as usize)
+        .map_err(|_| io::Error::other("not enough memory to read the cache index"))?;
+    (&mut f).take(len).read_to_end(&mut buf)?;
+    Ok((f, buf))
+}
+
+/// Reads `len` bytes at `off` into the uninitialised capacity of `buf`.
+fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(len);
+    let mut done = 0;
+    while done < len {
+        let spare = &mut buf.spare_capacity_mut()[..len - done];
+        // SAFETY: pread writes at most `spare.len()` bytes into the spare capacity; only the
+        // bytes it reports written are marked initialised below.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+        done += n as usize;
+    }
+    Ok(done)
 }

@@ -21,16 +21,42 @@ pub enum Target {
     stagefs convert '/bigdata/raw/*.csv' /bigdata/clean --to parquet --dropna \\\n      \
     --filter 'value > 0' --standardize numeric")]
 pub struct Args {
-    /// Inputs (a directory, files or quoted globs), then the output directory last.
-    #[arg(required = true, num_args = 2.., value_name = "SRC... OUT")]
-    pub paths: Vec<String>,
+    /// Inputs: for --to npy one or more dataset directories (each an ImageFolder root and/or a
+    /// tree of tables); for --to parquet table files, directories or quoted globs.
+    #[arg(required = true, num_args = 1.., value_name = "SRC")]
+    pub inputs: Vec<String>,
+    /// The output directory.
+    #[arg(required = true, value_name = "OUT")]
+    pub out: PathBuf,
     /// Output format.
     #[arg(long, value_enum)]
     pub to: Target,
-    /// Image views: side S of the S×S crops (shorter side resized to S, then center crop).
-    #[arg(long, default_value_t = 224)]
+    /// Image views: side S of the S×S crops (shorter side resized to S, then center crop);
+    /// 1..=8192.
+    #[arg(long, default_value_t = 224, value_parser = parse_image_size)]
     pub image_size: u32,
-    /// Image views: write outputs even if some inputs are corrupt (their slots are zeros).
+    /// Image views: decode JPEGs at a reduced scale in the DCT domain (the smallest M/8 that
+    /// keeps the shorter side ≥ S), then resize: about twice as fast, a few levels from Pillow.
+    /// Default: exact (Pillow's pixels).
+    #[arg(long)]
+    pub fast_decode: bool,
+    /// Image views: largest image accepted, in pixels (width × height; K/M/G suffixes are
+    /// powers of 1024); larger images are bad inputs (zero slots).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub max_image_pixels: u64,
+    /// Image views: pixels all decodes in flight may hold at once (bounds memory whatever -j
+    /// is; an image that cannot fit is decoded at a reduced scale or reported as bad); at
+    /// least 1M.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub decode_budget: u64,
+    /// --to npy: also write the image views of every subdirectory (each class folder and
+    /// every level in between), as the mount shows them. Default: the image view of each SRC
+    /// only (tables are written at every level either way).
+    #[arg(long)]
+    pub all_levels: bool,
+    /// Exit with status 0 even if some inputs are bad. They are listed either way, and the
+    /// outputs are written either way (a bad image is a zero slot, a bad table is skipped);
+    /// without this flag the exit status is 1 when anything was listed.
     #[arg(long)]
     pub allow_bad: bool,
     /// Worker threads (default: all cores).
@@ -72,13 +98,20 @@ pub struct Args {
     pub quiet: bool,
 }
 
-#[allow(dead_code)] // used by the conversions as they land
 impl Args {
-    /// The inputs (all paths but the last) and the output directory (the last path).
+    /// The inputs and the output directory.
     pub fn inputs_and_out(&self) -> (&[String], PathBuf) {
-        let (out, inputs) = self.paths.split_last().expect("clap requires two paths");
-        (inputs, PathBuf::from(out))
+        (&self.inputs, self.out.clone())
     }
+}
+
+/// Parses and range-checks `--image-size`.
+pub fn parse_image_size(text: &str) -> Result<u32, String> {
+    let n: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a whole number of pixels"))?;
+    stagefs_views::view::check_image_size(n)
 }
 
 /// Parses a byte size such as `1073741824`, `512M`, `1G` or `1.5GiB` (powers of 1024).

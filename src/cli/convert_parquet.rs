@@ -115,6 +115,7 @@ fn run_inner(args: &Args) -> anyhow::Result<i32> {
         },
         memory_budget: args.memory_budget,
         threads: args.jobs.unwrap_or(0),
+        scratch: None,
     };
     let progress = Progress::default();
     let show = !args.quiet && std::io::stderr().is_terminal();
@@ -198,6 +199,14 @@ fn run_inner(args: &Args) -> anyhow::Result<i32> {
                 String::new()
             }
         );
+        if summary.spilled.1 > 0 {
+            eprintln!(
+                "stagefs: pass 1 kept {} units for pass 2 ({} spilled to scratch, {})",
+                summary.cached_units,
+                summary.spilled.1,
+                HumanBytes(summary.spilled.0)
+            );
+        }
     }
     if !args.quiet {
         for (name, mean, std) in &summary.stats {

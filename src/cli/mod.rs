@@ -3,6 +3,7 @@
 pub mod convert;
 pub mod convert_npy;
 pub mod convert_parquet;
+pub mod index;
 pub mod logging;
 pub mod mount;
 pub mod run;

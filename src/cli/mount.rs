@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use stagefs_fs::mount::{mount, MountOptions};
+use stagefs_fs::{CacheDir, FetchConfig};
 use stagefs_fs::{FsConfig, FsCore};
-use stagefs_prefetch::cachedir::CacheDir;
-use stagefs_prefetch::FetchConfig;
 
 /// The daemon's log, inside the (private) cache directory.
 const LOG_FILE: &str = "stagefs.log";
@@ -29,12 +28,34 @@ const LOG_FILE: &str = "stagefs.log";
     stagefs mount /bigdata/imagenet $SLURM_TMPDIR/data --cache $SLURM_TMPDIR/cache --cache-size 300G\n  \
     python train.py --data $SLURM_TMPDIR/data      # reads start at once, epoch 2 comes from scratch\n  \
     stagefs stat $SLURM_TMPDIR/data                 # is the job waiting on storage?\n  \
-    stagefs umount $SLURM_TMPDIR/data")]
+    stagefs umount $SLURM_TMPDIR/data\n\n\
+Snapshot semantics: the mount shows SOURCE as it was when its metadata was listed (at the first\n\
+mount, kept in the cache and reused by later mounts, or taken earlier by `stagefs index` and given\n\
+with --index, so that N training nodes list nothing). A file changed on SOURCE since then fails\n\
+to read with ESTALE (never other bytes) and is named in the log and `stagefs stat`; use --rescan\n\
+to list again, or --revalidate SECONDS if SOURCE changes while mounted.\n\n\
+MOUNTPOINT/.stagefs/stats (statistics) and MOUNTPOINT/.npy/ (tables and images as NumPy arrays)\n\
+are reachable by name but not listed in MOUNTPOINT, so du, find, tar and rsync see the dataset only.")]
 pub struct Args {
     /// The dataset directory on shared storage (read-only access is enough).
     pub source: PathBuf,
     /// An existing empty directory where the dataset appears.
     pub mountpoint: PathBuf,
+    /// Start from this snapshot of SOURCE's metadata (written by `stagefs index SOURCE`)
+    /// instead of listing SOURCE: on N nodes, N× fewer metadata requests to shared storage.
+    #[arg(long, value_name = "FILE")]
+    pub index: Option<PathBuf>,
+    /// List SOURCE again even if the cache holds a snapshot of it (SOURCE changed since).
+    #[arg(long, conflicts_with = "index")]
+    pub rescan: bool,
+    /// Re-check a file's or directory's metadata on SOURCE when it was last checked more than
+    /// SECONDS ago (for sources that change while mounted; costs metadata requests).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub revalidate: Option<Duration>,
+    /// Metadata requests kept in flight while listing SOURCE (parallel filesystems answer
+    /// concurrent requests far faster than serial ones).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub scan_threads: u64,
     /// Cache directory on node-local scratch (created if missing; reused by later mounts).
     #[arg(long)]
     pub cache: PathBuf,
@@ -42,9 +63,22 @@ pub struct Args {
     /// free space on the cache's filesystem.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
-    /// Side S of images in `.npy/` views (shorter side resized to S, center crop S×S).
-    #[arg(long, default_value_t = 224)]
+    /// Side S of images in `.npy/` views (shorter side resized to S, center crop S×S); 1..=8192.
+    #[arg(long, default_value_t = 224, value_parser = super::convert::parse_image_size)]
     pub image_size: u32,
+    /// Image views: decode JPEGs at a reduced DCT scale, then resize (faster, a few levels from
+    /// Pillow); default exact (Pillow's pixels). Must match `convert --fast-decode` for the
+    /// mount's views to equal converted files.
+    #[arg(long)]
+    pub fast_decode: bool,
+    /// Image views: largest image decoded, in pixels (width × height; K/M/G = powers of 1024);
+    /// larger ones read as zeros and are listed as errors.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub max_image_pixels: u64,
+    /// Image views: pixels all decodes in flight (FUSE reads and background rendering) may hold
+    /// at once, bounding the daemon's decode memory (~3 bytes a pixel); at least 1M.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub decode_budget: u64,
     /// Make reads of a view fail with EIO when an input image is corrupt (default: zeros).
     #[arg(long)]
     pub strict_views: bool,
@@ -54,9 +88,17 @@ pub struct Args {
     /// Do not use kernel FUSE passthrough for fully cached files.
     #[arg(long)]
     pub no_passthrough: bool,
-    /// Threads fetching from the source ahead of readers.
-    #[arg(long, default_value_t = 8)]
-    pub fetch_threads: usize,
+    /// Longest a reader waits for one block from SOURCE before its read fails with ETIMEDOUT
+    /// (a hung parallel filesystem must not hang the training job forever).
+    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = parse_seconds)]
+    pub read_timeout: Duration,
+    /// Source reads kept in flight ahead of readers (read-ahead, prefetch, staging).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub fetch_threads: u64,
+    /// Let the kernel open files without asking the daemon (one round trip less per file; a
+    /// many-small-file epoch is round trips). Off when passthrough is in use.
+    #[arg(long)]
+    pub skip_open: bool,
     /// FUSE request threads.
     #[arg(long, default_value_t = 8)]
     pub fuse_threads: usize,
@@ -79,6 +121,18 @@ pub struct UmountArgs {
     /// Detach even if busy (lazy unmount): the mount goes away when its last user closes.
     #[arg(long, short = 'l')]
     pub lazy: bool,
+}
+
+/// Parses a positive number of seconds (fractions allowed).
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0 && v < 1e9) {
+        return Err(format!("{s:?}: give a positive number of seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 /// Parses `123`, `64K`, `10M`, `1.5G`, `2T` (powers of 1024).
@@ -139,6 +193,12 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         bail!(
             "{} is already a mountpoint: unmount it first (stagefs umount {})",
             args.mountpoint.display(),
+            args.mountpoint.display()
+        );
+    }
+    if fs::read_dir(&args.mountpoint).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "mountpoint {} is not empty: the mount would hide its files; use an empty directory",
             args.mountpoint.display()
         );
     }
@@ -361,13 +421,31 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         cache_dir: fs::canonicalize(&args.cache)?,
         cache_size,
         fetch: FetchConfig {
-            workers: args.fetch_threads.max(1),
+            workers: args.fetch_threads as usize,
+            read_timeout: args.read_timeout,
             ..FetchConfig::default()
         },
         stage: !args.no_staging,
         cross_file: stagefs_fs::core::CROSS_FILE_COUNT,
         image_size: args.image_size,
         strict_views: args.strict_views,
+        index: args
+            .index
+            .as_ref()
+            .map(fs::canonicalize)
+            .transpose()
+            .with_context(|| {
+                format!(
+                    "index {} is not accessible",
+                    args.index.as_deref().unwrap_or(Path::new("")).display()
+                )
+            })?,
+        rescan: args.rescan,
+        revalidate: args.revalidate,
+        scan_threads: args.scan_threads as usize,
+        fast_decode: args.fast_decode,
+        max_image_pixels: args.max_image_pixels,
+        decode_budget: args.decode_budget,
     };
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
@@ -378,6 +456,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         passthrough: !args.no_passthrough && root,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
+        skip_open: args.skip_open,
     };
     let mounted = mount(core.clone(), &args.mountpoint, &opts)
         .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;

@@ -7,7 +7,7 @@
 //! depends only on the mount's command-line contract.
 
 use anyhow::{bail, Context};
-use stagefs_prefetch::cachedir::CacheDir;
+use stagefs_fs::{stable_hash, CacheDir};
 use stagefs_sync::signals;
 use stagefs_sync::supervise::{Event, Supervised};
 use stagefs_sync::{SyncOptions, Syncer};
@@ -109,14 +109,6 @@ fn parse_sync(spec: &str) -> anyhow::Result<SyncSpec> {
     }
 }
 
-/// FNV-1a, 64 bit: a hash that is stable across builds and Rust versions (std's is not
-/// promised to be), so the same SRC maps to the same cache directory in every job.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// The default cache of a mount: on the job's private scratch, never at a predictable name in
 /// a directory others can write. `$SLURM_TMPDIR` (else `$TMPDIR`, else `/tmp`) is used as is
 /// when it is ours and closed to others; otherwise a per-user directory inside it
@@ -152,7 +144,7 @@ fn default_cache_in(base: PathBuf, src: &Path) -> anyhow::Result<PathBuf> {
     let abs = std::path::absolute(src).unwrap_or_else(|_| src.to_path_buf());
     Ok(base.join(format!(
         "stagefs-cache-{:016x}",
-        fnv1a(abs.as_os_str().as_bytes())
+        stable_hash(abs.as_os_str().as_bytes())
     )))
 }
 
@@ -448,13 +440,5 @@ mod tests {
         std::os::unix::fs::chown(&planted, Some(65534), Some(65534)).unwrap();
         let e = default_cache_in(shared, Path::new("/bigdata/x")).unwrap_err();
         assert!(format!("{e:#}").contains("not by you"), "{e:#}");
-    }
-
-    #[test]
-    fn cache_hash_is_stable() {
-        // Pinned value: changing the hash would orphan every existing cache.
-        assert_eq!(fnv1a(b"/bigdata/processed"), fnv1a(b"/bigdata/processed"));
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use stagefs_prefetch::StatsSnapshot;
+use stagefs_fs::StatsSnapshot;
 
 /// Arguments of `stagefs stat`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A stagefs mountpoint.
     pub mountpoint: PathBuf,
-    /// Refresh every INTERVAL seconds, with rates, until interrupted.
+    /// Refresh every SECONDS seconds (2 if not given), with rates, until interrupted.
     #[arg(long, short = 'w', num_args = 0..=1, default_missing_value = "2", value_name = "SECONDS")]
     pub watch: Option<f64>,
     /// Print the raw JSON instead.
@@ -22,13 +22,23 @@ pub struct Args {
 
 fn read(args: &Args) -> anyhow::Result<(String, StatsSnapshot)> {
     let path = args.mountpoint.join(".stagefs/stats");
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "reading {} (is {} a stagefs mount?)",
-            path.display(),
-            args.mountpoint.display()
-        )
-    })?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => anyhow::bail!(
+            "the daemon of the mount at {mnt} is gone (killed or crashed; its log is \
+             CACHE/stagefs.log): run `stagefs umount {mnt}`, then mount again (the cache is reused)",
+            mnt = args.mountpoint.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "reading {} (is {} a stagefs mount?)",
+                    path.display(),
+                    args.mountpoint.display()
+                )
+            })
+        }
+    };
     let snap =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     Ok((text, snap))
@@ -52,8 +62,10 @@ fn gib(b: u64) -> String {
 /// The human-readable report of a snapshot; `prev` (with its age in seconds) adds rates.
 pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String {
     let mut out = String::new();
-    let wait_share = if s.uptime_s > 0.0 {
-        s.reader_wait_s / s.uptime_s
+    // The share of wall time during which at least one reader was blocked on the source: the
+    // same scale for one reader thread or sixteen (a sum of waits would exceed 100 %).
+    let stall_share = if s.uptime_s > 0.0 {
+        (s.stall_s / s.uptime_s).min(1.0)
     } else {
         0.0
     };
@@ -62,12 +74,23 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
         s.source, s.pid, s.uptime_s
     );
     out += &format!(
-        "served     {} from cache, {} from source   hit ratio {:.1}%   passthrough opens {}\n",
+        "served     {} from cache, {} from source (hit ratio {})   views {}\n",
         gib(s.bytes_from_cache),
         gib(s.bytes_from_source),
-        s.hit_ratio * 100.0,
-        s.passthrough_opens
+        s.hit_ratio
+            .map_or("n/a: nothing read yet".into(), |h| format!(
+                "{:.1}%",
+                h * 100.0
+            )),
+        gib(s.view_bytes),
     );
+    if s.passthrough_opens > 0 {
+        out += &format!(
+            "passthru   {} opens, {} in those files (read by the kernel straight from scratch)\n",
+            s.passthrough_opens,
+            gib(s.bytes_passthrough)
+        );
+    }
     if let Some((p, dt)) = prev.filter(|(_, dt)| *dt > 0.0) {
         let rate = |a: u64, b: u64| gib(((a.saturating_sub(b)) as f64 / dt) as u64) + "/s";
         out += &format!(
@@ -75,12 +98,12 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
             rate(s.bytes_from_cache, p.bytes_from_cache),
             rate(s.bytes_from_source, p.bytes_from_source),
             rate(s.bytes_staged, p.bytes_staged),
-            ((s.reader_wait_s - p.reader_wait_s) / dt * 100.0).max(0.0)
+            ((s.stall_s - p.stall_s) / dt * 100.0).clamp(0.0, 100.0)
         );
     }
     out += &format!(
-        "waiting    readers waited {:.1} s in total on the source ({} demand misses)\n",
-        s.reader_wait_s, s.block_misses
+        "waiting    some reader waited on the source during {:.1} s ({:.1} s summed over readers, {} demand misses)\n",
+        s.stall_s, s.reader_wait_s, s.block_misses
     );
     out += &format!(
         "cache      {} of {} used   staged {} files, {} (target {})   prefetched {}\n",
@@ -106,18 +129,19 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
         }
     }
     // Readers waiting more than a tenth of the time means the data path, not compute, is the limit.
-    let verdict = if wait_share > 0.10 {
+    let read_anything = s.bytes_from_cache + s.bytes_from_source + s.view_bytes > 0;
+    let verdict = if stall_share > 0.10 {
         "I/O-BOUND: readers spend much of their time waiting on the source; staging or a warm cache will help"
-    } else if s.bytes_from_cache + s.bytes_from_source == 0 && s.passthrough_opens > 0 {
+    } else if !read_anything && s.passthrough_opens > 0 {
         "not I/O-bound: files are read straight from scratch by the kernel (passthrough)"
-    } else if s.bytes_from_cache + s.bytes_from_source == 0 {
+    } else if !read_anything {
         "idle: nothing read yet"
     } else {
         "not I/O-bound: reads are served from the cache fast enough"
     };
     out += &format!(
-        "verdict    {verdict} ({:.1}% of uptime waiting)\n",
-        wait_share * 100.0
+        "verdict    {verdict} ({:.1}% of uptime with a reader waiting)\n",
+        stall_share * 100.0
     );
     out
 }

@@ -14,7 +14,9 @@ Layout (all under DIR):
     images/flat/*.jpg           images directly in a folder (one class, label 0)
     notes/readme.txt            nothing viewable (must not appear under .npy/)
 
-Other tests import `generate(dir)`; it returns a dict of the interesting paths.
+Other tests import `generate(dir)`; it returns a dict of the interesting paths;
+`make_damaged(dir)` writes JPEGs and PNGs damaged in known ways (for the strictness tests) and
+`png_bomb` / `jpeg_bomb` write small files that claim huge images (for the memory tests).
 """
 
 import io
@@ -163,6 +165,112 @@ def _write_png16(path, big_endian_rgb16):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(png)
+
+
+def _encode(arr, fmt, **kw):
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _flip(data, frac, start, n=3, xor=0x55):
+    """`data` with `n` bytes flipped at fraction `frac` of the way from `start` to the end."""
+    d = bytearray(data)
+    p = start + 20 + int((len(d) - start - 40) * frac)
+    for k in range(n):
+        d[p + k] ^= xor
+    return bytes(d)
+
+
+def _png_chunk_offset(data, kind):
+    i = data.index(kind)
+    return i - 4, int.from_bytes(data[i - 4:i], "big")
+
+
+# Damage that Pillow accepts but stagefs flags on purpose (README, "Tensor views"): corrupt JPEG
+# entropy data (Pillow returns grey or garbled blocks without an error) and a bad IDAT CRC
+# (Pillow does not check it).
+STRICTER_THAN_PILLOW = {"jpeg-entropy-flip", "jpeg-eoi-mid", "png-idat-crc"}
+
+
+def make_damaged(root):
+    """Writes damaged (and a few intact) images into `root`; returns {file name: category}."""
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(99)
+    out = {}
+
+    def put(name, category, data):
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(data)
+        out[name] = category
+
+    flavours = {"base": dict(quality=90), "prog": dict(quality=90, progressive=True),
+                "444": dict(quality=90, subsampling=0)}
+    for tag, kw in flavours.items():
+        d = _encode(photo(rng, 200, 150), "JPEG", **kw)
+        sos = d.index(b"\xff\xda")
+        put(f"{tag}-ok.jpg", "intact", d)
+        for frac in (0.1, 0.5, 0.9, 0.995):
+            put(f"{tag}-cut{int(frac * 1000):03d}.jpg", "jpeg-truncated", d[: sos + int((len(d) - sos) * frac)])
+        put(f"{tag}-noeoi.jpg", "jpeg-no-eoi", d[:-2])
+        for frac in (0.2, 0.5, 0.8):
+            put(f"{tag}-flip{int(frac * 100):02d}.jpg", "jpeg-entropy-flip", _flip(d, frac, sos))
+        mid = bytearray(d)
+        p = sos + (len(d) - sos) // 2
+        mid[p:p + 2] = b"\xff\xd9"
+        put(f"{tag}-eoimid.jpg", "jpeg-eoi-mid", bytes(mid))
+        put(f"{tag}-trailing.jpg", "jpeg-trailing-data", d + b"\0junk after EOI" * 10)
+        put(f"{tag}-padded.jpg", "jpeg-extraneous-before-eoi", d[:-2] + b"\x00" * 16 + b"\xff\xd9")
+    hdr = bytearray(_encode(photo(rng, 64, 48), "JPEG"))
+    hdr[20:400] = rng.integers(0, 256, 380, dtype=np.uint8).tobytes()
+    put("header-garbage.jpg", "jpeg-header-garbage", bytes(hdr))
+    for mode, tag in (("RGB", "rgb"), ("L", "gray")):
+        arr = photo(rng, 180, 120)
+        d = _encode(arr if mode == "RGB" else np.asarray(Image.fromarray(arr).convert("L")), "PNG")
+        put(f"png-{tag}-ok.png", "intact", d)
+        i, n = _png_chunk_offset(d, b"IDAT")
+        put(f"png-{tag}-cut.png", "png-truncated", d[: i + 8 + n // 2])
+        bad = bytearray(d)
+        bad[i + 8 + n] ^= 1
+        put(f"png-{tag}-idatcrc.png", "png-idat-crc", bytes(bad))
+        bad = bytearray(d)
+        bad[8 + 8 + 13] ^= 1
+        put(f"png-{tag}-ihdrcrc.png", "png-ihdr-crc", bytes(bad))
+        bad = bytearray(d)
+        bad[i + 8 + n // 2] ^= 0x55
+        put(f"png-{tag}-flip.png", "png-idat-flip", bytes(bad))
+        put(f"png-{tag}-noiend.png", "png-no-iend", d[:-12])
+    return out
+
+
+def png_bomb(path, w, h):
+    """An RGB PNG of w x h black pixels, compressed row by row (a few hundred KB per 100 Mpx)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    comp = zlib.compressobj(9)
+    row = b"\x00" * (1 + 3 * w)
+    parts = [comp.compress(row) for _ in range(h)]
+    parts.append(comp.flush())
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)))
+        f.write(chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b""))
+
+
+def jpeg_bomb(path, w, h):
+    """A JPEG header claiming w x h (baseline, 4:2:0) with no entropy data: a few hundred bytes."""
+    d = bytearray(_encode(np.zeros((16, 16, 3), np.uint8), "JPEG", quality=50))
+    sof = d.index(b"\xff\xc0")
+    d[sof + 5:sof + 7] = h.to_bytes(2, "big")
+    d[sof + 7:sof + 9] = w.to_bytes(2, "big")
+    sos = d.index(b"\xff\xda")
+    length = int.from_bytes(d[sos + 2:sos + 4], "big")
+    with open(path, "wb") as f:
+        f.write(bytes(d[: sos + 2 + length]) + b"\xff\xd9")
 
 
 def generate(root):

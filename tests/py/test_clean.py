@@ -9,6 +9,7 @@ absolute, since (x - mean) loses relative precision there in pandas too).
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -258,7 +259,8 @@ def test_many_units_and_quoted_newlines(tmp_path):
     stagefs(src, out, "--to", "parquet", *step_args(SEED_STEPS), "--memory-budget", "64M",
             "-j", "2")
     check_against_pandas(src, out, SEED_STEPS)
-    assert pq.ParquetFile(out / "part.0.parquet").metadata.num_row_groups > 1
+    # Many small units are gathered into reader-sized row groups: one here (< 128 Ki rows).
+    assert pq.ParquetFile(out / "part.0.parquet").metadata.num_row_groups == 1
 
 
 def test_no_standardize_is_one_pass_and_uncompressed(tmp_path):
@@ -335,3 +337,128 @@ def test_globs_and_mixed_inputs(tmp_path):
     # A quoted glob (expanded by stagefs) plus an explicit Parquet file.
     stagefs(f"{src}/*.csv", src / "c.parquet", out, "--to", "parquet", *step_args(SEED_STEPS))
     check_against_pandas(src, out, SEED_STEPS)
+
+
+def big_inputs(tmp, rows=300_000):
+    """~20 MB of CSV (quoted multi-line fields) plus a Parquet file with several row groups."""
+    return write_inputs(tmp, [("big.csv", rows, 21, "csv", True),
+                              ("big2.parquet", rows // 2, 22, "parquet", False)])
+
+
+def test_spilled_pass_matches_pandas(tmp_path):
+    # A 64 MiB budget keeps ~19 MiB of pass-1 rows in memory: the rest spill to scratch as
+    # Arrow IPC and pass 2 reads them back instead of parsing the CSV again.
+    src = big_inputs(tmp_path, rows=700_000)
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch))
+    proc = subprocess.run([BIN, "convert", src, out, "--to", "parquet", *step_args(SEED_STEPS),
+                           "--memory-budget", "64M", "-j", "2"], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "spilled to scratch" in proc.stderr, proc.stderr
+    check_against_pandas(src, out, SEED_STEPS)
+    assert list(scratch.iterdir()) == [], "the spill directory is removed after the run"
+
+
+def test_parallel_parquet_input_matches_pandas(tmp_path):
+    # Parquet row groups decode in parallel (and big ones in slices); order must be kept.
+    src = tmp_path / "src"
+    src.mkdir()
+    df = sensor_frame(200_000, 31)
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), src / "p.parquet",
+                   row_group_size=7_000)
+    out = tmp_path / "out"
+    stagefs(src, out, "--to", "parquet", *step_args(SEED_STEPS), "-j", "2",
+            "--memory-budget", "64M")
+    check_against_pandas(src, out, SEED_STEPS)
+
+
+def test_row_groups_sized_for_readers(tmp_path):
+    src = big_inputs(tmp_path)
+    out = tmp_path / "out"
+    stagefs(src, out, "--to", "parquet", "--dropna", "--memory-budget", "64M")
+    for part in sorted(out.glob("part.*.parquet")):
+        md = pq.ParquetFile(part).metadata
+        sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        assert all(128 * 1024 <= n <= 1 << 20 for n in sizes[:-1]), (part, sizes)
+        assert sum(sizes) == md.num_rows
+
+
+def test_duplicate_csv_columns_renamed_as_pandas(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "d.csv").write_text("a,a,b,a.1,,x\n1,2,3,4,5,6\n7,,9,10,11,12\n")
+    out = tmp_path / "out"
+    stagefs(src, out, "--to", "parquet")
+    got = pq.read_table(out / "part.0.parquet")  # pyarrow refuses duplicate names
+    want = pd.read_csv(src / "d.csv")
+    assert got.column_names == list(want.columns) == ["a", "a.2", "b", "a.1", "Unnamed: 4", "x"]
+    assert_frame_close(got.to_pandas(), want, "duplicate names")
+    # Filters and standardize name the renamed columns.
+    out2 = tmp_path / "out2"
+    stagefs(src, out2, "--to", "parquet", "--filter", "a.2 > 0", "--standardize", "a,b")
+    assert pq.read_table(out2 / "part.0.parquet").num_rows == 1
+
+
+def test_filter_on_column_names_with_operators_and_spaces(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"a>b": rng.normal(size=500), "temp (C)": rng.normal(size=500),
+                       'say "x"': rng.integers(0, 5, 500)})
+    df.to_csv(src / "o.csv", index=False)
+    out = tmp_path / "out"
+    stagefs(src, out, "--to", "parquet", "--filter", '"a>b" > 0', "--filter",
+            "`temp (C)` <= 0.5", "--filter", '"say ""x""" != 2')
+    got = pd.read_parquet(out / "part.0.parquet")
+    want = df[(df["a>b"] > 0) & (df["temp (C)"] <= 0.5) & (df['say "x"'] != 2)]
+    assert_frame_close(got, want.reset_index(drop=True), "quoted filter columns")
+    bad = stagefs(src, tmp_path / "bad", "--to", "parquet", "--filter", "a>b > 0", check=False)
+    assert bad.returncode == 2
+    assert "if the column's name is 'a>b', quote it" in bad.stderr, bad.stderr
+    missing = stagefs(src, tmp_path / "bad", "--to", "parquet", "--filter", '"a > b" > 0',
+                      check=False)
+    assert missing.returncode == 2 and "no column 'a > b'" in missing.stderr, missing.stderr
+
+
+def test_two_concurrent_runs_into_one_out_never_clobber(tmp_path):
+    src = big_inputs(tmp_path, rows=120_000)
+    out = tmp_path / "out"
+    cmd = [BIN, "convert", src, out, "--to", "parquet", *step_args(SEED_STEPS), "-j", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate()
+        assert p.returncode == 0, err
+    check_against_pandas(src, out, SEED_STEPS)
+    leftovers = [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers
+
+
+def peak_rss_mib(cmd):
+    """Runs cmd in a fresh Python, returns (returncode, stderr, peak RSS of cmd in MiB)."""
+    probe = ("import resource, subprocess, sys, json\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+             "r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
+             "print(json.dumps([p.returncode, p.stderr, r]))\n")
+    out = subprocess.run([sys.executable, "-c", probe, *map(str, cmd)], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_stray_quote_on_line_2_fails_with_bounded_memory(tmp_path):
+    # The audit's case: a quote opened on line 2 of a large CSV turned the rest of the file
+    # into one record and the chunk grew to 1.9 GB under --memory-budget 64M.
+    src = tmp_path / "src"
+    src.mkdir()
+    block = "".join(f"{i},{i * 0.25},t{i}\n" for i in range(100_000)).encode()
+    with open(src / "q.csv", "wb") as f:
+        f.write(b"a,b,c\n1,\"oops,x\n")
+        while f.tell() < 96 << 20:
+            f.write(block)
+    code, err, rss = peak_rss_mib([BIN, "convert", src, tmp_path / "out", "--to", "parquet",
+                                   "--dropna", "--memory-budget", "64M"])
+    assert code == 1, err
+    assert "q.csv: line 2: a record starts here that does not end within 8.0 MiB" in err, err
+    assert rss < 100, f"peak RSS {rss:.0f} MiB for a 64 MiB budget"

@@ -1,6 +1,7 @@
 """Tensor views through a real mount: `MOUNTPOINT/.npy/` equals `stagefs convert --to npy` byte
-for byte, opens with numpy's mmap, survives bad inputs, and serves random-offset reads from many
-threads (DataLoader workers) with the right bytes.
+for byte, opens with numpy's mmap, survives bad inputs, serves random-offset and random-slot
+reads from many threads (DataLoader workers) with the right bytes, and keeps decompression
+bombs read at once within the decode budget (the daemon's peak RSS).
 """
 
 import concurrent.futures
@@ -49,7 +50,7 @@ def dataset(tmp_path_factory):
     src = base / "src"
     gen_dataset.generate(str(src))
     out = base / "converted"
-    stagefs("convert", src, out, "--to", "npy", "--image-size", SIZE, "--allow-bad", "-q")
+    stagefs("convert", src, out, "--to", "npy", "--image-size", SIZE, "--all-levels", "--allow-bad", "-q")
     return base, src, out
 
 
@@ -172,3 +173,86 @@ def test_rendered_views_are_cached_on_scratch_across_remounts(dataset, tmp_path)
         assert s["bytes_from_source"] == 0, s
     finally:
         m.close()
+
+
+def test_random_slot_reads_equal_convert(dataset, mount):
+    _, _, out = dataset
+    rel = os.path.join("images", "train", "images.npy")
+    want = np.load(out / rel, mmap_mode="r")
+    got = np.load(mount.mnt / ".npy" / rel, mmap_mode="r")
+    assert got.shape == want.shape
+    order = list(range(len(want)))
+    random.Random(11).shuffle(order)
+
+    def check(i):
+        assert np.array_equal(np.asarray(got[i]), np.asarray(want[i])), i
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        list(ex.map(check, order))
+
+
+def vm_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_decompression_bombs_read_at_once_stay_within_the_decode_budget(tmp_path):
+    src = tmp_path / "src" / "bombs"
+    src.mkdir(parents=True)
+    # Each PNG is 3000x3000 (27 MB of RGB if decoded whole) in ~30 KB; each JPEG header claims
+    # 16383x16383 (805 MB) in a few hundred bytes. Both are under the raised cap, so they are
+    # decoded: the PNGs row by row, the JPEGs refused before decoding (they do not fit the
+    # budget even at 1/8 scale) — and bad anyway, having no data.
+    for i in range(3):
+        gen_dataset.png_bomb(src / f"p{i}.png", 3000, 3000)
+        gen_dataset.jpeg_bomb(src / f"j{i}.jpg", 16383, 16383)
+    budget_px = 4 << 20  # 12 MiB of RGB
+    m = Mounted(tmp_path / "src", tmp_path, "--max-image-pixels", "300M",
+                "--decode-budget", str(budget_px), "--no-staging")
+    try:
+        pid = m.stats()["pid"]
+        path = m.mnt / ".npy" / "bombs" / "images.npy"
+        # Peak RSS before anything of images.npy is read (its size comes from stat alone).
+        base = vm_kib(pid, "VmHWM")
+        slot = SIZE * SIZE * 3
+        header = os.path.getsize(path) - 6 * slot
+        assert header > 0 and header % 64 == 0
+
+        def read(i):
+            with open(path, "rb", buffering=0) as f:
+                f.seek(header + i * slot)
+                return f.read(slot)
+
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            slots = list(ex.map(read, range(6)))
+        peak = vm_kib(pid, "VmHWM")
+        files = (m.mnt / ".npy" / "bombs" / "files.txt").read_text().splitlines()
+        errors = m.stats()["errors"]
+    finally:
+        m.close()
+    extra_mib = (peak - base) / 1024
+    budget_mib = budget_px * 3 / 2**20
+    print(f"daemon peak RSS grew {extra_mib:.1f} MiB reading the bombs (budget {budget_mib:.0f} MiB)")
+    # The budget, plus the daemon's own buffers for these reads (render blocks, file bytes).
+    assert extra_mib < budget_mib + 48, (extra_mib, budget_mib)
+    for name, data in zip(files, slots):
+        if name.endswith(".png"):
+            assert len(data) == slot  # black, and decoded
+        else:
+            assert data == b"\0" * slot, name  # no entropy data: bad, zeros
+            assert any(name in e for e in errors), (name, errors)
+
+
+def test_fast_decode_mount_equals_fast_convert(dataset, tmp_path):
+    _, src, _ = dataset
+    out = tmp_path / "fast"
+    stagefs("convert", src / "images" / "flat", out, "--to", "npy", "--image-size", SIZE, "--fast-decode", "-q")
+    m = Mounted(src, tmp_path, "--fast-decode")
+    try:
+        got = (m.mnt / ".npy" / "images" / "flat" / "images.npy").read_bytes()
+    finally:
+        m.close()
+    assert got == (out / "images.npy").read_bytes()

@@ -7,19 +7,26 @@
 //!    non-numeric column, bad filter) is reported before any data is read.
 //! 2. Pass 1 (only with `--standardize`): stream all units, apply the steps before
 //!    standardize, accumulate count/mean/M2 per unit; fold in input order. The rows kept by
-//!    pass 1 are cached in memory while the cache fits its share of the memory budget, so pass
-//!    2 re-reads and re-parses only what did not fit.
-//! 3. Pass 2: stream the units again (or take them from the cache), apply all steps, encode and
-//!    compress each unit as one row group in parallel, append in order per output file.
+//!    pass 1 are kept for pass 2 ([`spill::Store`]): in memory up to [`CACHE_SHARE`] of the
+//!    budget, beyond that spilled to local scratch as Arrow IPC, so pass 2 never parses the
+//!    input again.
+//! 3. Pass 2: take the units back in order (or stream them again in a one-pass run), apply
+//!    all steps, gather consecutive units into row groups of reader-friendly size and encode
+//!    and compress each group, its columns in parallel; append in order per output file.
 //!
 //! Memory: units are about `chunk` bytes of input and at most `threads + 3` of them are in
 //! flight (channel of 2, one being read, one per thread); each costs about four times its
 //! size (raw bytes, parsed records, Arrow arrays, encoded pages). The chunk size is chosen so
-//! that this working set is half of the budget; the pass-1 cache gets [`CACHE_SHARE`] of it.
+//! that this working set is half of the budget; the pass-1 store keeps [`CACHE_SHARE`] of it
+//! in memory, and a row group being gathered holds at most [`GROUP_SHARE`] of it. A CSV
+//! record may be at most 1/8 of the budget ([`RECORD_SHARE`]): a longer one (usually a stray
+//! quote) fails the run, naming file and line, instead of growing a buffer without limit.
 
+pub mod csv_decode;
 pub mod plan;
 pub mod read;
 pub mod shard;
+pub mod spill;
 pub mod stats;
 pub mod transform;
 pub mod write;
@@ -42,10 +49,18 @@ pub use write::Codec;
 use read::{Input, Kind, Span};
 use stats::Accumulator;
 
-/// Share of the memory budget given to the pass-1 cache of parsed rows. The working set is
-/// sized for half the budget but measured well below it (peak RSS 723 MiB with a 1 GiB budget
-/// on 1.15 GB of CSV, 2 threads), so half for the cache still leaves headroom.
-pub const CACHE_SHARE: f64 = 0.5;
+/// Share of the memory budget for pass-1 rows kept in memory (the rest spill to scratch).
+/// The working set is sized for half the budget; spilling is cheap (IPC at copy speed), so
+/// memory beyond a third only saves a little I/O and would risk the budget.
+pub const CACHE_SHARE: f64 = 0.3;
+
+/// Share of the memory budget one output row group may gather before it is cut (once it has
+/// [`write::GROUP_MIN_ROWS`] rows).
+pub const GROUP_SHARE: u64 = 16;
+
+/// A CSV record may be at most 1/`RECORD_SHARE` of the memory budget: decoding a unit costs
+/// about four times its size, and a unit holds at least one record.
+pub const RECORD_SHARE: u64 = 8;
 
 impl CleanError {
     /// An I/O error on `path`.
@@ -119,6 +134,8 @@ pub struct CleanOptions {
     pub memory_budget: u64,
     /// Worker threads (0: all cores).
     pub threads: usize,
+    /// Where pass 1 spills the rows it keeps (`None`: [`spill::default_scratch`]).
+    pub scratch: Option<PathBuf>,
 }
 
 /// Live counters for a progress display.
@@ -160,8 +177,10 @@ pub struct Summary {
     pub bad_row_examples: Vec<String>,
     /// Passes over the input made (0 for a merge).
     pub passes: u32,
-    /// Units served from the pass-1 cache in pass 2.
+    /// Units served from the pass-1 store in pass 2 (memory or scratch).
     pub cached_units: u64,
+    /// Bytes and units pass 1 spilled to scratch.
+    pub spilled: (u64, u64),
     /// Statistics used, per standardized column: (name, mean, std).
     pub stats: Vec<(String, f64, f64)>,
     /// Files written (Parquet parts and/or statistics).
@@ -182,13 +201,17 @@ struct Ctx {
     plan: plan::Resolved,
     bad_rows: BadRows,
     chunk: u64,
+    max_record: u64,
     cache_budget: u64,
+    group_bytes: u64,
+    buffers: read::BufferPool,
 }
 
 enum Payload {
     Bytes(Vec<u8>),
     Parquet,
     Cached(Vec<RecordBatch>),
+    Spilled(PathBuf),
 }
 
 enum Job {
@@ -223,34 +246,6 @@ impl Bad {
                 }
             }
         }
-    }
-}
-
-/// Cache of pass-1 results: rows surviving the steps before standardize, per unit.
-#[derive(Default)]
-struct Cache {
-    used: AtomicU64,
-    units: Mutex<HashMap<(usize, usize), Vec<RecordBatch>>>,
-}
-
-impl Cache {
-    fn offer(&self, key: (usize, usize), batches: Vec<RecordBatch>, budget: u64) {
-        let size: u64 = batches
-            .iter()
-            .map(|b| b.get_array_memory_size() as u64)
-            .sum();
-        let prev = self.used.fetch_add(size, Ordering::Relaxed);
-        if prev + size > budget {
-            self.used.fetch_sub(size, Ordering::Relaxed);
-            return;
-        }
-        if let Ok(mut u) = self.units.lock() {
-            u.insert(key, batches);
-        }
-    }
-
-    fn take(&self, key: (usize, usize)) -> Option<Vec<RecordBatch>> {
-        self.units.lock().ok()?.remove(&key)
     }
 }
 
@@ -305,7 +300,7 @@ fn run_in_pool(
     progress.start(0, 0);
     let inputs: Vec<Input> = global
         .par_iter()
-        .map(|&i| read::open_input(&all[i]))
+        .map(|&i| read::open_input(&all[i], max_record(opts)))
         .collect::<Result<_, _>>()?;
     let ctx = if inputs.is_empty() {
         None
@@ -333,7 +328,11 @@ fn run_in_pool(
         .map(|&c| ctx.schema.field(c).name().clone())
         .collect();
     let bad = Bad::default();
-    let cache = Cache::default();
+    let store = spill::Store::new(
+        ctx.schema.clone(),
+        ctx.cache_budget,
+        opts.scratch.clone().unwrap_or_else(spill::default_scratch),
+    );
     let sharded = opts.shard.is_some_and(|s| s.count > 1);
 
     // Statistics: computed here (pass 1), or read from a merged _stats.json for a shard.
@@ -370,7 +369,7 @@ fn run_in_pool(
             progress.start(1, summary.input_bytes);
             let use_cache = opts.mode == Mode::Convert;
             let (files, spans, rows) =
-                pass_stats(&ctx, progress, &bad, use_cache.then_some(&cache))?;
+                pass_stats(&ctx, progress, &bad, use_cache.then_some(&store))?;
             summary.passes += 1;
             summary.rows_read = rows;
             layout = Some(spans);
@@ -413,25 +412,28 @@ fn run_in_pool(
     // Bad rows seen in pass 1 are seen again in pass 2 (unless cached); count one pass only.
     let bad2 = Bad::default();
     let out_schema = transform::output_schema(&ctx.schema, &ctx.plan);
-    let output = write::Output::new(&opts.out, out_schema.clone(), opts.codec, &ctx.global);
+    let output = write::Output::new(
+        &opts.out,
+        out_schema.clone(),
+        opts.codec,
+        &ctx.global,
+        usize::try_from(ctx.group_bytes).unwrap_or(usize::MAX),
+    );
     let result = pass_write(
         &ctx,
         progress,
         &bad2,
-        &cache,
+        &store,
         layout.as_deref(),
         &output,
         &out_schema,
         &moments,
     );
-    let (rows, cached) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            output.cleanup();
-            return Err(e);
-        }
-    };
+    // On failure the output's temporaries are deleted as it drops; scratch likewise.
+    let (rows, cached) = result?;
     output.check_done()?;
+    summary.spilled = store.spilled();
+    drop(store);
     summary.passes += 1;
     summary.cached_units = cached;
     summary.rows_read = summary.rows_read.max(rows);
@@ -458,6 +460,11 @@ fn run_in_pool(
     }
     progress.phase.store(3, Ordering::Relaxed);
     Ok(summary)
+}
+
+/// The longest CSV record accepted: 1/[`RECORD_SHARE`] of the budget (floored like the budget).
+fn max_record(opts: &CleanOptions) -> u64 {
+    opts.memory_budget.max(64 << 20) / RECORD_SHARE
 }
 
 fn stats_summary(sf: &shard::StatsFile) -> Vec<(String, f64, f64)> {
@@ -509,6 +516,7 @@ fn make_ctx(
     let in_flight = threads as u64 + 3;
     let chunk = (budget / 2 / 4 / in_flight).clamp(1 << 20, 32 << 20);
     let cache_budget = (budget as f64 * CACHE_SHARE) as u64;
+    let group_bytes = budget / GROUP_SHARE;
     Ok(Ctx {
         inputs,
         global,
@@ -518,7 +526,10 @@ fn make_ctx(
         plan,
         bad_rows: opts.bad_rows,
         chunk,
+        max_record: max_record(opts),
         cache_budget,
+        group_bytes,
+        buffers: read::BufferPool::default(),
     })
 }
 
@@ -527,7 +538,7 @@ fn make_ctx(
 fn stream<F>(
     ctx: &Ctx,
     layout: Option<&[Vec<Span>]>,
-    cache: Option<&Cache>,
+    store: Option<&spill::Store>,
     work: F,
 ) -> Result<Vec<Vec<Span>>, CleanError>
 where
@@ -555,8 +566,9 @@ where
                 match (input.kind, known) {
                     (_, Some(known)) => {
                         for (s, span) in known.iter().enumerate() {
-                            let payload = match cache.and_then(|c| c.take((local, s))) {
-                                Some(b) => Payload::Cached(b),
+                            let payload = match store.and_then(|c| c.take((local, s))) {
+                                Some(spill::Kept::Memory(b)) => Payload::Cached(b),
+                                Some(spill::Kept::Spilled(p)) => Payload::Spilled(p),
                                 None => match span {
                                     Span::Csv { offset, len, .. } => {
                                         Payload::Bytes(read::read_span(&input.path, *offset, *len)?)
@@ -571,7 +583,8 @@ where
                     }
                     (Kind::Csv, None) => {
                         let mut stopped = false;
-                        read::csv_chunks(&input.path, ctx.chunk as usize, |span, bytes| {
+                        let (chunk, max) = (ctx.chunk as usize, ctx.max_record as usize);
+                        read::csv_chunks(&input.path, chunk, max, &ctx.buffers, |span, bytes| {
                             if !stopped && !send(span, Payload::Bytes(bytes))? {
                                 stopped = true;
                             }
@@ -616,6 +629,7 @@ fn load(
     let input = &ctx.inputs[local];
     match (span, payload) {
         (_, Payload::Cached(b)) => Ok(b),
+        (_, Payload::Spilled(path)) => spill::read_spilled(&path),
         (Span::Csv { offset, header, .. }, Payload::Bytes(bytes)) => {
             let d = read::decode_csv(
                 &input.path,
@@ -627,6 +641,7 @@ fn load(
                 ctx.bad_rows,
             )?;
             bad.add(d.skipped_count, d.skipped);
+            ctx.buffers.put(bytes);
             Ok(d.batches)
         }
         (Span::Parquet { rg, skip, take, .. }, _) => {
@@ -651,7 +666,7 @@ fn pass_stats(
     ctx: &Ctx,
     progress: &Progress,
     bad: &Bad,
-    cache: Option<&Cache>,
+    store: Option<&spill::Store>,
 ) -> Result<StatsResult, CleanError> {
     let ncols = ctx.plan.standardized.len();
     let results: Mutex<HashMap<(usize, usize), Vec<Accumulator>>> = Mutex::new(HashMap::new());
@@ -671,17 +686,17 @@ fn pass_stats(
         let mut rows = 0u64;
         for b in &batches {
             rows += b.num_rows() as u64;
-            let (mask, accs) = transform::accumulate(&ctx.plan, b)?;
+            let (k, accs) = transform::accumulate(&ctx.plan, b)?;
             for (t, a) in acc.iter_mut().zip(&accs) {
                 *t = t.merge(a);
             }
-            if cache.is_some() {
-                kept.push(transform::apply_mask(b, mask)?);
+            if store.is_some() {
+                kept.push(k);
             }
         }
         drop(batches);
-        if let Some(c) = cache {
-            c.offer((local, seq), kept, ctx.cache_budget);
+        if let Some(c) = store {
+            c.offer((local, seq), kept);
         }
         if let Ok(mut r) = results.lock() {
             r.insert((local, seq), acc);
@@ -711,13 +726,14 @@ fn pass_stats(
     Ok((files, spans, progress.rows.load(Ordering::Relaxed)))
 }
 
-/// Pass 2: transform, encode, write. Returns (rows read, units served from the cache).
+/// Pass 2: transform, gather into row groups, encode, write. Returns (rows read, units
+/// served from the pass-1 store).
 #[allow(clippy::too_many_arguments)]
 fn pass_write(
     ctx: &Ctx,
     progress: &Progress,
     bad: &Bad,
-    cache: &Cache,
+    store: &spill::Store,
     layout: Option<&[Vec<Span>]>,
     output: &write::Output,
     out_schema: &SchemaRef,
@@ -725,7 +741,7 @@ fn pass_write(
 ) -> Result<(u64, u64), CleanError> {
     let cached_units = AtomicU64::new(0);
     let split = ctx.plan.standardize_at.unwrap_or(ctx.plan.steps.len());
-    stream(ctx, layout, Some(cache), |job| match job {
+    stream(ctx, layout, Some(store), |job| match job {
         Job::End { local, total } => output.end(local, total),
         Job::Unit {
             local,
@@ -733,7 +749,7 @@ fn pass_write(
             span,
             payload,
         } => {
-            let from_cache = matches!(payload, Payload::Cached(_));
+            let from_cache = matches!(payload, Payload::Cached(_) | Payload::Spilled(_));
             let start = if from_cache {
                 cached_units.fetch_add(1, Ordering::Relaxed);
                 split
@@ -750,9 +766,7 @@ fn pass_write(
                 )?);
             }
             drop(batches);
-            let chunks = output.encode(local, seq, &out)?;
-            drop(out);
-            output.submit(local, seq, chunks)?;
+            output.submit(local, seq, out)?;
             if !from_cache {
                 progress.rows.fetch_add(rows, Ordering::Relaxed);
             }

@@ -88,7 +88,12 @@ impl fmt::Display for Step {
         match self {
             Step::DropNa => write!(f, "dropna"),
             Step::Filter { column, op, value } => {
-                write!(f, "filter({column} {} {value:?})", op.as_str())
+                write!(
+                    f,
+                    "filter({} {} {value:?})",
+                    quote_column(column),
+                    op.as_str()
+                )
             }
             Step::Standardize(Selector::Numeric) => write!(f, "standardize(numeric)"),
             Step::Standardize(Selector::Columns(c)) => write!(f, "standardize({})", c.join(",")),
@@ -96,19 +101,77 @@ impl fmt::Display for Step {
     }
 }
 
+/// Characters that end a bare (unquoted) column name in a `--filter`.
+const OP_CHARS: [char; 4] = ['>', '<', '=', '!'];
+
+/// Whether `name` must be quoted to be written in a `--filter` (it holds an operator
+/// character, a quote, or leading/trailing space, or is empty).
+fn needs_quotes(name: &str) -> bool {
+    name.is_empty() || name.trim() != name || name.contains(OP_CHARS) || name.contains(['"', '`'])
+}
+
+/// `name` as it is written in a `--filter`: bare, or double-quoted with `""` for a quote.
+pub fn quote_column(name: &str) -> String {
+    if needs_quotes(name) {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    } else {
+        name.to_string()
+    }
+}
+
 /// Parses `COL OP VALUE` (spaces optional), e.g. `value > 0` or `temp<=-3.5`.
+///
+/// A column name holding an operator character, spaces at its ends or quotes is written
+/// quoted: `"a>b" > 0` (a `"` inside doubled, as in CSV) or `` `a>b` > 0`` (pandas' `query`
+/// spelling, a backtick inside doubled). A bare name runs up to the first of `> < = !`.
 pub fn parse_filter(text: &str) -> Result<Step, CleanError> {
     let usage = |why: &str| {
         CleanError::Usage(format!(
             "--filter '{text}': {why}; expected 'COLUMN OP NUMBER' with OP one of > >= < <= == != \
-             (e.g. --filter 'value > 0')"
+             (e.g. --filter 'value > 0'; quote a column name that holds > < = ! or spaces at \
+             its ends: --filter '\"a>b\" > 0')"
         ))
     };
-    // The first operator character splits the text; two-character operators win over one.
-    let pos = text
-        .find(['>', '<', '=', '!'])
-        .ok_or_else(|| usage("no comparison operator"))?;
-    let rest = &text[pos..];
+    let trimmed = text.trim_start();
+    let (column, rest) = match trimmed.chars().next() {
+        Some(q @ ('"' | '`')) => {
+            // Quoted name: up to the closing quote; a doubled quote stands for one.
+            let body = &trimmed[1..];
+            let mut name = String::new();
+            let mut chars = body.char_indices().peekable();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                if c == q {
+                    if chars.peek().map(|&(_, n)| n) == Some(q) {
+                        name.push(q);
+                        chars.next();
+                        continue;
+                    }
+                    end = Some(i + 1);
+                    break;
+                }
+                name.push(c);
+            }
+            let end = end.ok_or_else(|| usage(&format!("the column name's {q} is not closed")))?;
+            let rest = body[end..].trim_start();
+            if !rest.starts_with(OP_CHARS) {
+                return Err(usage(&format!(
+                    "expected an operator after the column {q}{name}{q}, found '{rest}'"
+                )));
+            }
+            (name, rest)
+        }
+        _ => {
+            let pos = trimmed
+                .find(OP_CHARS)
+                .ok_or_else(|| usage("no comparison operator"))?;
+            let column = trimmed[..pos].trim();
+            if column.is_empty() {
+                return Err(usage("missing column name before the operator"));
+            }
+            (column.to_string(), &trimmed[pos..])
+        }
+    };
     let (op, len) = if rest.starts_with(">=") {
         (Op::Ge, 2)
     } else if rest.starts_with("<=") {
@@ -122,21 +185,31 @@ pub fn parse_filter(text: &str) -> Result<Step, CleanError> {
     } else if rest.starts_with('<') {
         (Op::Lt, 1)
     } else {
-        return Err(usage("unknown operator (use == for equality)"));
+        return Err(usage(&format!(
+            "'{}' is not an operator (use == for equality)",
+            rest.chars().next().unwrap_or(' ')
+        )));
     };
-    let column = text[..pos].trim();
-    if column.is_empty() {
-        return Err(usage("missing column name"));
-    }
     let literal = rest[len..].trim();
-    let value: f64 = literal
-        .parse()
-        .map_err(|_| usage(&format!("'{literal}' is not a number")))?;
-    Ok(Step::Filter {
-        column: column.to_string(),
-        op,
-        value,
-    })
+    if literal.is_empty() {
+        return Err(usage(&format!("no number after '{}'", op.as_str())));
+    }
+    let value: f64 = literal.parse().map_err(|_| {
+        if literal.contains(OP_CHARS) || literal.contains(char::is_whitespace) {
+            usage(&format!(
+                "read as column '{column}', operator '{}' and value '{literal}', which is not a \
+                 number — if the column's name is '{}', quote it",
+                op.as_str(),
+                text.trim()
+                    .rsplit_once(|c: char| OP_CHARS.contains(&c))
+                    .map(|(l, _)| l.trim_end_matches(OP_CHARS).trim())
+                    .unwrap_or(text.trim())
+            ))
+        } else {
+            usage(&format!("'{literal}' is not a number"))
+        }
+    })?;
+    Ok(Step::Filter { column, op, value })
 }
 
 /// Parses the `--standardize` value: `numeric` or `COL,COL,...`.
@@ -221,7 +294,11 @@ pub fn resolve(steps: &[Step], schema: &Schema) -> Result<Resolved, CleanError> 
             Step::Filter { column, op, value } => ResolvedStep::Filter {
                 col: lookup(
                     column,
-                    &format!("--filter '{column} {} {value}'", op.as_str()),
+                    &format!(
+                        "--filter '{} {} {value}'",
+                        quote_column(column),
+                        op.as_str()
+                    ),
                 )?,
                 op: *op,
                 value: *value,
@@ -302,6 +379,42 @@ mod tests {
         assert!(parse_filter("value > abc").is_err());
         assert!(parse_filter("> 3").is_err());
         assert!(parse_filter("value").is_err());
+    }
+
+    #[test]
+    fn filter_column_names_with_operators_are_quoted() {
+        let f = |t: &str| match parse_filter(t).expect(t) {
+            Step::Filter { column, op, value } => (column, op, value),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(f("\"a>b\" > 0"), ("a>b".into(), Op::Gt, 0.0));
+        assert_eq!(f("`a b` <= -1"), ("a b".into(), Op::Le, -1.0));
+        assert_eq!(
+            f("\"say \"\"hi\"\"\"!=2"),
+            ("say \"hi\"".into(), Op::Ne, 2.0)
+        );
+        assert_eq!(f("  \" padded \" == 1"), (" padded ".into(), Op::Eq, 1.0));
+        // The name prints back quoted, so the plan text stays unambiguous.
+        let step = parse_filter("\"a>b\" > 0").expect("test");
+        assert_eq!(step.to_string(), "filter(\"a>b\" > 0.0)");
+        assert_eq!(
+            parse_filter(&step.to_string()[7..step.to_string().len() - 1]).expect("t"),
+            step
+        );
+    }
+
+    #[test]
+    fn filter_errors_name_the_problem() {
+        let e = |t: &str| parse_filter(t).expect_err(t).to_string();
+        // The audit's case: an unquoted name holding '>' used to say "'b > 0' is not a number".
+        let m = e("a>b > 0");
+        assert!(m.contains("if the column's name is 'a>b', quote it"), "{m}");
+        assert!(m.contains("\"a>b\" > 0"), "{m}");
+        assert!(e("\"a>b > 0").contains("not closed"));
+        assert!(e("value = 1").contains("use == for equality"));
+        assert!(e("value >").contains("no number after '>'"));
+        assert!(e("value > abc").contains("'abc' is not a number"));
+        assert!(e("\"a\" b > 1").contains("expected an operator after the column"));
     }
 
     #[test]

@@ -158,29 +158,79 @@ fn pandas_csv_type(dt: &DataType) -> DataType {
     }
 }
 
+/// Rows a Parquet footer may claim per byte of its file. Real files stay far below: even a
+/// constant column run-length encoded in 20 000-row pages (what current writers emit) costs a
+/// page header of ~20 bytes per page, about 1 000 rows per byte. A footer claiming more is
+/// lying, and is refused before any size derived from it is used.
+pub const MAX_ROWS_PER_FILE_BYTE: u64 = 1 << 16;
+
+/// Checks a Parquet footer against the file it came from: every row count non-negative and
+/// their sum within [`MAX_ROWS_PER_FILE_BYTE`] × the file's length, every column chunk's byte
+/// range inside the file. `total_byte_size` (uncompressed) is only an estimate and is never
+/// trusted for sizes; see [`parquet_spans`].
+pub fn check_parquet_footer(
+    meta: &parquet::file::metadata::ParquetMetaData,
+    file_len: u64,
+) -> Result<u64, String> {
+    let limit = file_len.saturating_mul(MAX_ROWS_PER_FILE_BYTE);
+    let mut rows = 0u64;
+    for (i, rg) in meta.row_groups().iter().enumerate() {
+        let n = u64::try_from(rg.num_rows())
+            .map_err(|_| format!("row group {i} claims {} rows", rg.num_rows()))?;
+        rows = rows.checked_add(n).filter(|&r| r <= limit).ok_or_else(|| {
+            format!(
+                "the footer claims more than {limit} rows in a file of {file_len} bytes \
+                     (row group {i} claims {n})"
+            )
+        })?;
+        for (j, c) in rg.columns().iter().enumerate() {
+            // Not `byte_range()`: it asserts (panics) on negative offsets.
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let len = c.compressed_size();
+            let inside = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(len).ok())
+                .and_then(|(s, l)| s.checked_add(l))
+                .is_some_and(|end| end <= file_len);
+            if !inside {
+                return Err(format!(
+                    "row group {i} column {j}: bytes {start}+{len} lie outside the file \
+                     ({file_len} bytes)"
+                ));
+            }
+        }
+    }
+    Ok(rows)
+}
+
 /// Opens one input: detects the format (Parquet magic, else CSV) and reads its schema.
-pub fn open_input(path: &Path) -> Result<Input, CleanError> {
+/// `max_record` bounds the bytes read to infer a CSV's types (a stray quote makes the rest of
+/// a file one record; it must not be read into memory whole).
+pub fn open_input(path: &Path, max_record: u64) -> Result<Input, CleanError> {
     let mut f = File::open(path).map_err(|e| io_err(path, e))?;
     let size = f.metadata().map_err(|e| io_err(path, e))?.len();
     let mut magic = [0u8; 4];
     let is_parquet = size >= 8 && f.read_exact(&mut magic).is_ok() && &magic == b"PAR1";
     if is_parquet {
-        let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| {
+        let bad = |e: &dyn std::fmt::Display| {
             CleanError::Data(format!(
                 "{}: cannot read Parquet footer: {e}",
                 path.display()
             ))
-        })?;
+        };
+        let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| bad(&e))?;
+        check_parquet_footer(meta.metadata(), size).map_err(|e| bad(&e))?;
+        let schema = dedup_schema(meta.schema());
         return Ok(Input {
             path: path.to_path_buf(),
             kind: Kind::Parquet,
             size,
-            schema: meta.schema().clone(),
+            schema,
             parquet: Some(meta),
         });
     }
     let f = File::open(path).map_err(|e| io_err(path, e))?;
-    let schema = infer_csv(path, BufReader::with_capacity(1 << 20, f))?;
+    let schema = infer_csv(path, BufReader::with_capacity(1 << 20, f).take(max_record))?;
     let fields: Vec<Field> = schema
         .fields()
         .iter()
@@ -193,6 +243,60 @@ pub fn open_input(path: &Path) -> Result<Input, CleanError> {
         schema: Arc::new(Schema::new(fields)),
         parquet: None,
     })
+}
+
+/// Column names as pandas' `read_csv` gives them: an empty name becomes `Unnamed: <i>`, and
+/// a repeated name `a` becomes `a.1`, `a.2`, ..., skipping any name present in the header
+/// (`a,a,a.1` → `a, a.2, a.1`; named columns are renamed before unnamed ones), exactly as
+/// pandas' `mangle_dupe_names` does. Parquet output cannot hold two columns of one name
+/// (pyarrow refuses such a file), so duplicates are renamed rather than refused: the output
+/// has the columns pandas would show.
+pub fn dedup_names(names: &mut [String]) {
+    let unnamed: Vec<usize> = (0..names.len()).filter(|&i| names[i].is_empty()).collect();
+    for &i in &unnamed {
+        names[i] = format!("Unnamed: {i}");
+    }
+    let order: Vec<usize> = (0..names.len())
+        .filter(|i| !unnamed.contains(i))
+        .chain(unnamed.iter().copied())
+        .collect();
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for i in order {
+        let old = names[i].clone();
+        let mut col = old.clone();
+        let mut cur = counts.get(&col).copied().unwrap_or(0);
+        while cur > 0 {
+            counts.insert(old.clone(), cur + 1);
+            col = format!("{old}.{cur}");
+            if names.contains(&col) {
+                cur += 1;
+            } else {
+                cur = counts.get(&col).copied().unwrap_or(0);
+            }
+        }
+        counts.insert(col.clone(), cur + 1);
+        names[i] = col;
+    }
+}
+
+/// A schema whose duplicate column names are renamed as [`dedup_names`] does.
+fn dedup_schema(schema: &SchemaRef) -> SchemaRef {
+    let mut names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    dedup_names(&mut names);
+    if names
+        .iter()
+        .zip(schema.fields())
+        .all(|(n, f)| n == f.name())
+    {
+        return schema.clone();
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .zip(names)
+        .map(|(f, n)| f.as_ref().clone().with_name(n))
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 /// What the values of one CSV column looked like so far.
@@ -279,6 +383,7 @@ fn infer_csv(path: &Path, reader: impl Read) -> Result<Schema, CleanError> {
             *first = rest.to_string();
         }
     }
+    dedup_names(&mut names);
     let mut seen = vec![Seen::default(); names.len()];
     let mut n = 0;
     while n < INFER_RECORDS && rdr.read_byte_record(&mut record).map_err(bad)? {
@@ -398,19 +503,28 @@ impl Span {
     }
 }
 
-/// Splits a Parquet file into units of at most about `chunk` uncompressed bytes.
+/// Rows of a Parquet unit at least (when a row group is cut into slices): a slice smaller
+/// than this costs more in per-unit overhead than it saves in memory.
+const MIN_SLICE_ROWS: usize = 16 * 1024;
+
+/// Splits a Parquet file into units of at most about `chunk` uncompressed bytes. The size is
+/// the footer's claim, used only to choose the number of slices, which is bounded by the row
+/// count (a footer claiming 9e18 bytes gets slices of [`MIN_SLICE_ROWS`], not one per row).
 pub fn parquet_spans(input: &Input, chunk: u64) -> Vec<Span> {
     let Some(meta) = &input.parquet else {
         return Vec::new();
     };
     let mut spans = Vec::new();
     for (rg, g) in meta.metadata().row_groups().iter().enumerate() {
-        let rows = g.num_rows().max(0) as usize;
+        let rows = usize::try_from(g.num_rows()).unwrap_or(0);
         if rows == 0 {
             continue;
         }
-        let bytes = g.total_byte_size().max(1) as u64;
-        let pieces = bytes.div_ceil(chunk.max(1)).max(1) as usize;
+        let bytes = u64::try_from(g.total_byte_size()).unwrap_or(0).max(1);
+        let max_pieces = rows.div_ceil(MIN_SLICE_ROWS).max(1);
+        let pieces = usize::try_from(bytes.div_ceil(chunk.max(1)))
+            .unwrap_or(usize::MAX)
+            .clamp(1, max_pieces);
         let per = rows.div_ceil(pieces);
         let mut skip = 0;
         while skip < rows {
@@ -419,7 +533,7 @@ pub fn parquet_spans(input: &Input, chunk: u64) -> Vec<Span> {
                 rg,
                 skip,
                 take,
-                bytes: bytes * take as u64 / rows as u64,
+                bytes: bytes / pieces as u64,
             });
             skip += take;
         }
@@ -427,11 +541,40 @@ pub fn parquet_spans(input: &Input, chunk: u64) -> Vec<Span> {
     spans
 }
 
+/// A CSV record that does not end within `max_record` bytes: the error names the file and
+/// the line the record starts on.
+fn record_too_long(path: &Path, offset: u64, max_record: usize) -> CleanError {
+    let line = match count_lines_before(path, offset) {
+        Ok(n) => (n + 1).to_string(),
+        Err(_) => "?".into(),
+    };
+    CleanError::Data(format!(
+        "{}: line {line}: a record starts here that does not end within {} (the limit is 1/8 \
+         of --memory-budget); usually a stray '\"' has opened a quoted field that runs to the \
+         end of the file. Fix the file, or raise --memory-budget if a record really is that long",
+        path.display(),
+        human_bytes(max_record as u64)
+    ))
+}
+
+/// `n` bytes for people (KiB/MiB/GiB).
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} bytes"),
+    }
+}
+
 /// Cuts a CSV file into record-aligned ranges of about `chunk` bytes, reading it once,
-/// sequentially. Calls `emit(span, bytes)` for each range in order.
+/// sequentially. Calls `emit(span, bytes)` for each range in order. A record longer than
+/// `max_record` bytes fails the run (naming file and line) instead of growing the buffer.
 pub fn csv_chunks(
     path: &Path,
     chunk: usize,
+    max_record: usize,
+    pool: &BufferPool,
     mut emit: impl FnMut(Span, Vec<u8>) -> Result<(), CleanError>,
 ) -> Result<(), CleanError> {
     let mut file = File::open(path).map_err(|e| io_err(path, e))?;
@@ -439,11 +582,12 @@ pub fn csv_chunks(
     let mut carry: Vec<u8> = Vec::new();
     let mut offset = 0u64;
     let mut header = true;
-    let mut want = chunk.max(1);
+    let chunk = chunk.clamp(1, max_record.max(1));
+    let mut want = chunk;
     let mut eof = false;
     loop {
-        let left = size.saturating_sub(offset) as usize;
-        let mut buf = Vec::with_capacity(want.min(left).max(carry.len()) + 1);
+        let left = usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX);
+        let mut buf = pool.get(want.min(left).max(carry.len()) + 1)?;
         buf.append(&mut carry);
         if buf.len() < want && !eof {
             // `read_to_end` fills spare capacity without zeroing it first.
@@ -482,30 +626,97 @@ pub fn csv_chunks(
                 )?;
                 offset += len;
                 header = false;
-                want = chunk.max(1);
+                want = chunk;
+            }
+            None if buf.len() > max_record => {
+                return Err(record_too_long(path, offset, max_record));
             }
             None => {
-                // One record longer than the chunk: read more before cutting.
+                // One record longer than the chunk: read more before cutting, up to the cap
+                // (one byte past it, to tell "exactly the cap" from "longer").
                 carry = buf;
-                want = want.saturating_mul(2);
+                want = want.saturating_mul(2).min(max_record.saturating_add(1));
             }
         }
     }
 }
 
 /// Position just after the last newline that is outside quotes, if any. Chunks always start
-/// outside quotes, so parity counts from 0.
+/// outside quotes, so the parity of the quotes before a newline says whether it is inside a
+/// quoted field; the quotes are counted once (a loop LLVM vectorises), then only those after
+/// each candidate newline, walking back from the end.
 fn record_boundary(buf: &[u8]) -> Option<usize> {
-    let quotes: Vec<usize> = memchr::memchr_iter(b'"', buf).collect();
+    let mut quotes_before_end = count_byte(buf, b'"');
     let mut end = buf.len();
     while let Some(nl) = memchr::memrchr(b'\n', &buf[..end]) {
-        let before = quotes.partition_point(|&q| q < nl);
-        if before % 2 == 0 {
+        quotes_before_end -= count_byte(&buf[nl..end], b'"');
+        if quotes_before_end.is_multiple_of(2) {
             return Some(nl + 1);
         }
         end = nl;
     }
     None
+}
+
+/// Occurrences of `b` in `buf`. Counted in 32-byte lanes of `u8` counters, flushed before
+/// they can overflow, which LLVM turns into vector compares and subtracts (a plain
+/// `filter().count()` widens every byte to a `usize` and runs several times slower; this runs
+/// on the single reader thread, for every byte of the input).
+fn count_byte(buf: &[u8], b: u8) -> usize {
+    const LANES: usize = 32;
+    let mut total = 0usize;
+    let mut blocks = buf.chunks_exact(LANES);
+    loop {
+        let mut acc = [0u8; LANES];
+        let mut n = 0;
+        for block in blocks.by_ref().take(255) {
+            for (a, &x) in acc.iter_mut().zip(block) {
+                *a += u8::from(x == b);
+            }
+            n += 1;
+        }
+        total += acc.iter().map(|&a| a as usize).sum::<usize>();
+        if n < 255 {
+            break;
+        }
+    }
+    total + blocks.remainder().iter().filter(|&&x| x == b).count()
+}
+
+/// Buffers for CSV units, handed back after decoding and reused: a fresh multi-MB `Vec` is a
+/// fresh `mmap` whose every page faults and is zeroed by the kernel before `read` fills it —
+/// measured at ~8% of a run's time — while a reused one is already mapped.
+#[derive(Default)]
+pub struct BufferPool {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers kept by a [`BufferPool`]: more than the units in flight is never needed.
+const POOL_MAX: usize = 64;
+
+impl BufferPool {
+    /// An empty buffer with room for at least `cap` bytes (fallible: no abort on a huge size).
+    pub fn get(&self, cap: usize) -> Result<Vec<u8>, CleanError> {
+        let mut v = self
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut f| f.pop())
+            .unwrap_or_default();
+        v.clear();
+        v.try_reserve(cap)
+            .map_err(|_| CleanError::Data(format!("cannot allocate {cap} bytes")))?;
+        Ok(v)
+    }
+
+    /// Hands a buffer back for reuse.
+    pub fn put(&self, v: Vec<u8>) {
+        if let Ok(mut f) = self.free.lock() {
+            if f.len() < POOL_MAX {
+                f.push(v);
+            }
+        }
+    }
 }
 
 /// Reads a CSV span's bytes again (pass 2 of a standardize run).
@@ -537,7 +748,8 @@ pub struct Decoded {
     pub skipped_count: u64,
 }
 
-fn decode_all(
+/// Decodes a unit with arrow-csv: the reference path the fast one falls back to.
+pub fn decode_all(
     schema: &SchemaRef,
     projection: Option<&Vec<usize>>,
     bytes: &[u8],
@@ -579,6 +791,14 @@ pub fn decode_csv(
     header: bool,
     bad_rows: BadRows,
 ) -> Result<Decoded, CleanError> {
+    if let Some(batches) = super::csv_decode::decode(schema, projection, bytes, header, BATCH_ROWS)
+    {
+        return Ok(Decoded {
+            batches,
+            skipped: Vec::new(),
+            skipped_count: 0,
+        });
+    }
     match decode_all(schema, projection, bytes, header, BATCH_ROWS) {
         Ok(batches) => Ok(Decoded {
             batches,
@@ -749,18 +969,25 @@ fn decode_parquet_inner(
         .with_batch_size(BATCH_ROWS)
         .build()
         .map_err(|e| data_err(&e))?;
+    // The decoded batch has the projected columns in file order; the target wants them in
+    // projection order. By position, not by name: names may repeat in a Parquet file.
+    let mut sorted = projection.to_vec();
+    sorted.sort_unstable();
+    let at: Vec<usize> = projection
+        .iter()
+        .map(|p| sorted.partition_point(|s| s < p))
+        .collect();
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| data_err(&e))?;
-        // Projection keeps file order; reorder by name into the target order and cast.
         let cols = target
             .fields()
             .iter()
-            .map(|f| {
-                let idx = batch
-                    .schema()
-                    .index_of(f.name())
-                    .map_err(|e| data_err(&e))?;
+            .zip(&at)
+            .map(|(f, &idx)| {
+                if idx >= batch.num_columns() {
+                    return Err(data_err(&"fewer columns than the schema"));
+                }
                 let c = batch.column(idx);
                 if c.data_type() == f.data_type() {
                     Ok(c.clone())
@@ -777,6 +1004,49 @@ fn decode_parquet_inner(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn duplicate_names_are_mangled_as_pandas_read_csv_does() {
+        // Expected lists are pandas 3.1's read_csv column names for these headers.
+        let cases: [(&[&str], &[&str]); 5] = [
+            (&["a", "a", "b"], &["a", "a.1", "b"]),
+            (&["a", "a.1", "a"], &["a", "a.1", "a.2"]),
+            (&["a", "a", "a.1"], &["a", "a.2", "a.1"]),
+            (&["a", "a", "a", "a.1"], &["a", "a.2", "a.3", "a.1"]),
+            (&["", "x", ""], &["Unnamed: 0", "x", "Unnamed: 2"]),
+        ];
+        for (input, want) in cases {
+            let mut names: Vec<String> = input.iter().map(|s| s.to_string()).collect();
+            dedup_names(&mut names);
+            assert_eq!(names, want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn count_byte_matches_a_plain_count_across_flushes() {
+        // Lengths around the 255-block flush of the u8 counters, all bytes equal (worst case).
+        for len in [
+            0,
+            1,
+            31,
+            32,
+            33,
+            255 * 32 - 1,
+            255 * 32,
+            255 * 32 + 1,
+            3 * 255 * 32 + 7,
+        ] {
+            let all = vec![b'"'; len];
+            assert_eq!(count_byte(&all, b'"'), len);
+            let mixed: Vec<u8> = (0..len)
+                .map(|i| if i % 3 == 0 { b'"' } else { b'x' })
+                .collect();
+            assert_eq!(
+                count_byte(&mixed, b'"'),
+                mixed.iter().filter(|&&b| b == b'"').count()
+            );
+        }
+    }
 
     #[test]
     fn boundary_skips_quoted_newlines() {

@@ -149,13 +149,21 @@ pub fn read(path: &Path) -> Result<StatsFile, CleanError> {
     })
 }
 
-/// Writes a stats file atomically (temporary name, then rename).
+/// Writes a stats file atomically (a unique temporary name, then rename).
 pub fn write(path: &Path, stats: &StatsFile) -> Result<(), CleanError> {
     let text = serde_json::to_string_pretty(stats)
         .map_err(|e| CleanError::Stats(format!("cannot encode statistics: {e}")))?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text + "\n").map_err(|e| CleanError::io(tmp.clone(), e))?;
-    std::fs::rename(&tmp, path).map_err(|e| CleanError::io(path.to_path_buf(), e))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = super::write::temp_beside(dir, &name)?;
+    std::io::Write::write_all(&mut tmp, (text + "\n").as_bytes())
+        .map_err(|e| CleanError::io(tmp.path().to_path_buf(), e))?;
+    tmp.persist(path)
+        .map_err(|e| CleanError::io(path.to_path_buf(), e.error))?;
+    Ok(())
 }
 
 /// Checks that a stats file belongs to this job (same plan, same inputs).

@@ -117,29 +117,34 @@ fn steps_mask(
     Ok(mask)
 }
 
-/// Pass 1 on one batch: the keep-mask of the steps before standardize, and the accumulators of
-/// the standardized columns over the kept rows.
+/// Pass 1 on one batch: the rows surviving the steps before standardize, and the
+/// accumulators of the standardized columns over them. The statistics are taken on the
+/// filtered batch (contiguous values, only nulls to skip), which is also what pass 1 keeps
+/// for pass 2; the values and their order are those of the masked original, so the bits are.
 pub fn accumulate(
     plan: &Resolved,
     batch: &RecordBatch,
-) -> Result<(Option<BooleanBuffer>, Vec<Accumulator>), CleanError> {
+) -> Result<(RecordBatch, Vec<Accumulator>), CleanError> {
     let pre = &plan.steps[..plan.standardize_at.unwrap_or(plan.steps.len())];
     let mask = steps_mask(pre, batch.columns(), batch.num_rows())?;
+    let kept = apply_mask(batch, mask)?;
     let mut accs = Vec::with_capacity(plan.standardized.len());
     for &c in &plan.standardized {
-        let f = as_f64(batch.column(c))?;
+        let f = as_f64(kept.column(c))?;
         let v = f.values();
-        let valid = |i: usize| {
-            f.nulls().is_none_or(|n| n.is_valid(i)) && mask.as_ref().is_none_or(|m| m.value(i))
-        };
-        let acc = if f.nulls().is_none() && mask.is_none() {
-            Accumulator::from_values(v.iter().copied())
-        } else {
-            Accumulator::from_values((0..v.len()).map(|i| if valid(i) { v[i] } else { f64::NAN }))
+        let acc = match f.nulls().filter(|n| n.null_count() > 0) {
+            None => Accumulator::from_values(v.iter().copied()),
+            Some(n) => Accumulator::from_values(v.iter().zip(n.iter()).map(|(&x, valid)| {
+                if valid {
+                    x
+                } else {
+                    f64::NAN
+                }
+            })),
         };
         accs.push(acc);
     }
-    Ok((mask, accs))
+    Ok((kept, accs))
 }
 
 /// Applies a row mask (all rows when `None`).

@@ -1,11 +1,19 @@
 //! Output: one Parquet file per input file (`part.N.parquet`, N = the input's index in the
-//! sorted input list, so names are stable across shards), each work unit one row group.
+//! sorted input list, so names are stable across shards).
 //!
-//! Units are encoded and compressed in parallel (Parquet's `ArrowColumnWriter` API: each
-//! thread turns its batches into finished column chunks); a per-file sink then appends the
-//! chunks in unit order, holding back units that finish early. Files are written under a
-//! hidden temporary name and renamed when complete, so an interrupted job never leaves a
-//! truncated `part.N.parquet` that the next job would read.
+//! Row groups are sized for readers, not for our work units: the transformed batches of
+//! consecutive units are gathered, in unit order, until a group holds [`GROUP_MAX_ROWS`] rows,
+//! or at least [`GROUP_MIN_ROWS`] rows and `group_bytes` of Arrow memory (so a very wide table
+//! still fits the memory budget); the last group of a file takes what is left. A group is cut
+//! by whichever worker thread completes it, and encoded and compressed by that thread, its
+//! columns in parallel on the rayon pool (Parquet's `ArrowColumnWriter` API turns each column
+//! into a finished chunk); a per-file sink appends finished groups in order.
+//!
+//! Files are written under a hidden temporary name, unique and unpredictable and created with
+//! O_EXCL (`tempfile`), and renamed onto `part.N.parquet` only when complete: an interrupted
+//! job never leaves a truncated part, and two runs into the same OUT never write into each
+//! other's files (the last rename wins, each file whole). A failed run removes only its own
+//! temporaries (they are deleted when dropped).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -16,15 +24,25 @@ use std::sync::{Arc, Mutex};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, SchemaRef};
 use parquet::arrow::arrow_writer::{
-    compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory, ArrowWriterOptions,
+    compute_leaves, ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory,
+    ArrowWriterOptions,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
+use rayon::prelude::*;
 
 use super::CleanError;
+
+/// Most rows in an output row group: 1 Mi rows is the top of the range readers are tuned for
+/// (pyarrow, polars and DuckDB read a row group per thread; bigger ones only cost memory).
+pub const GROUP_MAX_ROWS: usize = 1 << 20;
+
+/// Fewest rows in an output row group (except a file's last): below ~100 k rows per-group
+/// overhead (footer entries, page headers, reader start-up per group) starts to show.
+pub const GROUP_MIN_ROWS: usize = 128 * 1024;
 
 /// Output compression codec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,14 +97,66 @@ pub fn part_name(index: usize) -> String {
     format!("part.{index}.parquet")
 }
 
+/// Creates a hidden, unique, unpredictable temporary file next to `dest` (O_EXCL; mode 0666
+/// less the umask, like the plain file it becomes). Deleted when the handle is dropped.
+pub fn temp_beside(dir: &Path, dest_name: &str) -> Result<tempfile::NamedTempFile, CleanError> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(&format!(".{dest_name}."))
+        .suffix(".tmp")
+        .rand_bytes(12)
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| CleanError::io(dir.join(format!(".{dest_name}.*.tmp")), e))
+}
+
+/// Batches gathered for the next row group.
+#[derive(Default)]
+struct Gather {
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    bytes: usize,
+}
+
 struct SinkState {
     writer: Option<SerializedFileWriter<BufWriter<File>>>,
+    /// The temporary file being written (removed on drop unless renamed into place).
+    tmp: Option<tempfile::TempPath>,
     factory: Option<Arc<ArrowRowGroupWriterFactory>>,
-    next: usize,
-    pending: BTreeMap<usize, Vec<ArrowColumnChunk>>,
+    /// Next unit to gather, and units that finished early.
+    next_unit: usize,
+    pending: BTreeMap<usize, Vec<RecordBatch>>,
+    gather: Gather,
+    /// Groups handed out for encoding, the next to append, and those encoded early.
+    groups: usize,
+    next_group: usize,
+    encoded: BTreeMap<usize, Vec<ArrowColumnChunk>>,
     total: Option<usize>,
     done: bool,
     rows: u64,
+}
+
+impl SinkState {
+    fn new() -> Self {
+        SinkState {
+            writer: None,
+            tmp: None,
+            factory: None,
+            next_unit: 0,
+            pending: BTreeMap::new(),
+            gather: Gather::default(),
+            groups: 0,
+            next_group: 0,
+            encoded: BTreeMap::new(),
+            total: None,
+            done: false,
+            rows: 0,
+        }
+    }
+
+    fn all_gathered(&self) -> bool {
+        self.total == Some(self.next_unit)
+    }
 }
 
 /// The output of one input file.
@@ -95,35 +165,34 @@ struct Sink {
     state: Mutex<SinkState>,
 }
 
+/// A row group to encode: its index in the file and its batches.
+type Group = (usize, Vec<RecordBatch>);
+
 /// All output files of a run.
 pub struct Output {
     dir: PathBuf,
     schema: SchemaRef,
     props: WriterProperties,
     sinks: Vec<Sink>,
-}
-
-fn tmp_path(dir: &Path, index: usize) -> PathBuf {
-    dir.join(format!(".{}.tmp", part_name(index)))
+    group_bytes: usize,
 }
 
 impl Output {
-    /// Outputs for the given global input indices (in order), written to `dir`.
-    pub fn new(dir: &Path, schema: SchemaRef, codec: Codec, indices: &[usize]) -> Self {
+    /// Outputs for the given global input indices (in order), written to `dir`; a row group
+    /// holds at most about `group_bytes` of Arrow memory once past [`GROUP_MIN_ROWS`].
+    pub fn new(
+        dir: &Path,
+        schema: SchemaRef,
+        codec: Codec,
+        indices: &[usize],
+        group_bytes: usize,
+    ) -> Self {
         let props = properties(&schema, codec);
         let sinks = indices
             .iter()
             .map(|&index| Sink {
                 index,
-                state: Mutex::new(SinkState {
-                    writer: None,
-                    factory: None,
-                    next: 0,
-                    pending: BTreeMap::new(),
-                    total: None,
-                    done: false,
-                    rows: 0,
-                }),
+                state: Mutex::new(SinkState::new()),
             })
             .collect();
         Self {
@@ -131,6 +200,7 @@ impl Output {
             schema,
             props,
             sinks,
+            group_bytes,
         }
     }
 
@@ -145,8 +215,9 @@ impl Output {
         if st.writer.is_some() {
             return Ok(());
         }
-        let path = tmp_path(&self.dir, self.sinks[local].index);
-        let file = File::create(&path).map_err(|e| CleanError::io(path.clone(), e))?;
+        let tmp = temp_beside(&self.dir, &part_name(self.sinks[local].index))?;
+        let (file, path) = tmp.into_parts();
+        st.tmp = Some(path);
         let options = ArrowWriterOptions::new().with_properties(self.props.clone());
         let (writer, factory) = ArrowWriter::try_new_with_options(
             BufWriter::with_capacity(1 << 20, file),
@@ -159,86 +230,176 @@ impl Output {
         Ok(())
     }
 
-    /// Encodes `batches` into finished column chunks (one row group), on the calling thread.
-    pub fn encode(
-        &self,
-        local: usize,
-        seq: usize,
-        batches: &[RecordBatch],
-    ) -> Result<Vec<ArrowColumnChunk>, CleanError> {
-        if batches.iter().all(|b| b.num_rows() == 0) {
-            return Ok(Vec::new());
-        }
-        let factory = {
-            let mut st = self.lock(local)?;
-            self.open(local, &mut st)?;
-            st.factory.clone()
-        };
-        let Some(factory) = factory else {
-            return Err(CleanError::Data("output writer not open".into()));
-        };
-        let mut writers = factory.create_column_writers(seq)?;
-        for batch in batches {
-            let mut w = writers.iter_mut();
-            for (field, col) in self.schema.fields().iter().zip(batch.columns()) {
-                for leaf in compute_leaves(field, col)? {
-                    match w.next() {
-                        Some(writer) => writer.write(&leaf)?,
-                        None => return Err(CleanError::Data("schema/writer mismatch".into())),
-                    }
-                }
-            }
-        }
-        Ok(writers
-            .into_iter()
-            .map(|w| w.close())
-            .collect::<Result<Vec<_>, _>>()?)
-    }
-
-    /// Hands over unit `seq`'s row group (possibly empty); appends every unit that is now next
-    /// in order, and finishes the file once all its units are in.
+    /// Hands over unit `seq`'s transformed batches (possibly none). Gathers units in order
+    /// into row groups, encodes any group this completes on the calling thread, appends
+    /// finished groups in order, and finishes the file once everything is in.
     pub fn submit(
         &self,
         local: usize,
         seq: usize,
-        chunks: Vec<ArrowColumnChunk>,
+        batches: Vec<RecordBatch>,
     ) -> Result<(), CleanError> {
-        let mut st = self.lock(local)?;
-        st.pending.insert(seq, chunks);
-        self.drain(local, &mut st)
+        let (groups, factory) = {
+            let mut st = self.lock(local)?;
+            st.pending.insert(seq, batches);
+            self.cut(local, &mut st)?
+        };
+        self.encode_and_append(local, groups, factory)
     }
 
     /// Declares that the file has `total` units.
     pub fn end(&self, local: usize, total: usize) -> Result<(), CleanError> {
-        let mut st = self.lock(local)?;
-        st.total = Some(total);
-        self.drain(local, &mut st)
+        let (groups, factory) = {
+            let mut st = self.lock(local)?;
+            st.total = Some(total);
+            self.cut(local, &mut st)?
+        };
+        self.encode_and_append(local, groups, factory)
     }
 
-    fn drain(&self, local: usize, st: &mut SinkState) -> Result<(), CleanError> {
-        while let Some(chunks) = st.pending.remove(&st.next) {
-            st.next += 1;
-            if chunks.is_empty() {
-                continue;
+    /// Moves units that are next in order into the gather, and cuts the groups that are full
+    /// (or, once every unit is in, the rest).
+    #[allow(clippy::type_complexity)]
+    fn cut(
+        &self,
+        local: usize,
+        st: &mut SinkState,
+    ) -> Result<(Vec<Group>, Option<Arc<ArrowRowGroupWriterFactory>>), CleanError> {
+        let mut groups = Vec::new();
+        while let Some(batches) = st.pending.remove(&st.next_unit) {
+            st.next_unit += 1;
+            for b in batches {
+                if b.num_rows() == 0 {
+                    continue;
+                }
+                // A batch that would overflow the group is split at the group's edge.
+                let mut b = b;
+                loop {
+                    let room = GROUP_MAX_ROWS - st.gather.rows;
+                    let (head, tail) = if b.num_rows() > room {
+                        (b.slice(0, room), Some(b.slice(room, b.num_rows() - room)))
+                    } else {
+                        (b, None)
+                    };
+                    st.gather.rows += head.num_rows();
+                    st.gather.bytes += head.get_array_memory_size();
+                    st.gather.batches.push(head);
+                    let full = st.gather.rows >= GROUP_MAX_ROWS
+                        || (st.gather.rows >= GROUP_MIN_ROWS
+                            && st.gather.bytes >= self.group_bytes);
+                    if full {
+                        let g = std::mem::take(&mut st.gather);
+                        groups.push((st.groups, g.batches));
+                        st.groups += 1;
+                    }
+                    match tail {
+                        Some(t) => b = t,
+                        None => break,
+                    }
+                }
             }
+        }
+        if st.all_gathered() && st.gather.rows > 0 {
+            let g = std::mem::take(&mut st.gather);
+            groups.push((st.groups, g.batches));
+            st.groups += 1;
+        }
+        if !groups.is_empty() {
             self.open(local, st)?;
+        }
+        if groups.is_empty() {
+            // Nothing to encode; the file may still be complete now (e.g. all rows dropped).
+            self.append(local, st)?;
+        }
+        Ok((groups, st.factory.clone()))
+    }
+
+    fn encode_and_append(
+        &self,
+        local: usize,
+        groups: Vec<Group>,
+        factory: Option<Arc<ArrowRowGroupWriterFactory>>,
+    ) -> Result<(), CleanError> {
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let factory =
+            factory.ok_or_else(|| CleanError::Data("internal: output writer not open".into()))?;
+        for (g, batches) in groups {
+            let chunks = self.encode(&factory, g, &batches)?;
+            drop(batches);
+            let mut st = self.lock(local)?;
+            st.encoded.insert(g, chunks);
+            self.append(local, &mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes `batches` into finished column chunks (one row group), the columns in
+    /// parallel on the rayon pool.
+    fn encode(
+        &self,
+        factory: &ArrowRowGroupWriterFactory,
+        g: usize,
+        batches: &[RecordBatch],
+    ) -> Result<Vec<ArrowColumnChunk>, CleanError> {
+        let mut writers = factory.create_column_writers(g)?.into_iter();
+        // Leaves per field (a nested field has several), from the first batch.
+        let first = batches
+            .first()
+            .ok_or_else(|| CleanError::Data("internal: empty row group".into()))?;
+        let mut per_field: Vec<Vec<ArrowColumnWriter>> = Vec::new();
+        for (field, col) in self.schema.fields().iter().zip(first.columns()) {
+            let n = compute_leaves(field, col)?.len();
+            let ws: Vec<ArrowColumnWriter> = writers.by_ref().take(n).collect();
+            if ws.len() != n {
+                return Err(CleanError::Data("internal: schema/writer mismatch".into()));
+            }
+            per_field.push(ws);
+        }
+        let chunks: Vec<Vec<ArrowColumnChunk>> = per_field
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, mut ws)| -> Result<Vec<ArrowColumnChunk>, CleanError> {
+                let field = self.schema.field(i);
+                for b in batches {
+                    for (w, leaf) in ws.iter_mut().zip(compute_leaves(field, b.column(i))?) {
+                        w.write(&leaf)?;
+                    }
+                }
+                Ok(ws
+                    .into_iter()
+                    .map(|w| w.close())
+                    .collect::<Result<Vec<_>, _>>()?)
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(chunks.into_iter().flatten().collect())
+    }
+
+    /// Appends every encoded group that is next in order; finishes the file when complete.
+    fn append(&self, local: usize, st: &mut SinkState) -> Result<(), CleanError> {
+        while let Some(chunks) = st.encoded.remove(&st.next_group) {
+            st.next_group += 1;
             let Some(writer) = st.writer.as_mut() else {
-                return Err(CleanError::Data("output writer not open".into()));
+                return Err(CleanError::Data("internal: output writer not open".into()));
             };
             let mut rg = writer.next_row_group()?;
             for chunk in chunks {
                 chunk.append_to_row_group(&mut rg)?;
             }
             let meta = rg.close()?;
-            st.rows += meta.num_rows().max(0) as u64;
+            st.rows += u64::try_from(meta.num_rows()).unwrap_or(0);
         }
-        if st.total == Some(st.next) && !st.done {
+        let complete = st.all_gathered() && st.gather.rows == 0 && st.next_group == st.groups;
+        if complete && !st.done {
             self.finish(local, st)?;
         }
         Ok(())
     }
 
     fn finish(&self, local: usize, st: &mut SinkState) -> Result<(), CleanError> {
+        // A file whose rows were all dropped is still written: an empty Parquet file with the
+        // schema, as pandas/Dask write one.
         self.open(local, st)?;
         if let Some(writer) = st.writer.take() {
             let buf = writer.into_inner()?;
@@ -249,10 +410,11 @@ impl Output {
         }
         st.factory = None;
         st.done = true;
-        let index = self.sinks[local].index;
-        let to = self.dir.join(part_name(index));
-        let from = tmp_path(&self.dir, index);
-        std::fs::rename(&from, &to).map_err(|e| CleanError::io(to, e))?;
+        let to = self.dir.join(part_name(self.sinks[local].index));
+        if let Some(tmp) = st.tmp.take() {
+            tmp.persist(&to)
+                .map_err(|e| CleanError::io(to.clone(), e.error))?;
+        }
         Ok(())
     }
 
@@ -276,12 +438,5 @@ impl Output {
             }
         }
         Ok(())
-    }
-
-    /// Removes temporary files after a failure (best effort).
-    pub fn cleanup(&self) {
-        for s in &self.sinks {
-            let _ = std::fs::remove_file(tmp_path(&self.dir, s.index));
-        }
     }
 }

@@ -141,6 +141,9 @@ pub enum NpyError {
     /// `fortran_order: True`.
     #[error("Fortran-order .npy arrays are not supported")]
     FortranOrder,
+    /// The shape's byte count does not fit in 64 bits (a hostile or corrupt header).
+    #[error("shape {0:?} is too large: its byte count overflows 64 bits")]
+    TooLarge(Vec<u64>),
 }
 
 /// The header of a `.npy` file: element type and shape (C order, little-endian).
@@ -158,19 +161,39 @@ impl NpyHeader {
         NpyHeader { dtype, shape }
     }
 
-    /// Number of elements (1 for a 0-d array).
+    /// Number of elements (1 for a 0-d array); `None` if it overflows `u64`.
+    pub fn checked_elements(&self) -> Option<u64> {
+        checked_product(&self.shape, 1)
+    }
+
+    /// Bytes in one row (one index of the first axis; the element size for a 0-d array);
+    /// `None` if it overflows `u64`.
+    pub fn checked_row_bytes(&self) -> Option<u64> {
+        checked_product(self.shape.get(1..).unwrap_or(&[]), self.dtype.size() as u64)
+    }
+
+    /// Bytes of array data after the header; `None` if it overflows `u64`.
+    pub fn checked_data_len(&self) -> Option<u64> {
+        self.checked_elements()?
+            .checked_mul(self.dtype.size() as u64)
+    }
+
+    /// Number of elements (1 for a 0-d array), saturating at `u64::MAX`.
+    ///
+    /// Saturating, not wrapping: a wrapped product can be 0, which would make a hostile
+    /// header look like an empty array. [`NpyHeader::parse`] refuses such shapes anyway.
     pub fn elements(&self) -> u64 {
-        self.shape.iter().product()
+        self.checked_elements().unwrap_or(u64::MAX)
     }
 
-    /// Bytes in one row (one index of the first axis); the element size for a 0-d array.
+    /// Bytes in one row, saturating at `u64::MAX` (see [`NpyHeader::elements`]).
     pub fn row_bytes(&self) -> u64 {
-        self.shape.iter().skip(1).product::<u64>() * self.dtype.size() as u64
+        self.checked_row_bytes().unwrap_or(u64::MAX)
     }
 
-    /// Bytes of array data after the header.
+    /// Bytes of array data after the header, saturating at `u64::MAX`.
     pub fn data_len(&self) -> u64 {
-        self.elements() * self.dtype.size() as u64
+        self.checked_data_len().unwrap_or(u64::MAX)
     }
 
     /// The encoded header, padded so its length is a multiple of [`ALIGN`].
@@ -207,9 +230,9 @@ impl NpyHeader {
         self.encode().len() as u64
     }
 
-    /// Total file size: header plus data.
+    /// Total file size: header plus data, saturating at `u64::MAX`.
     pub fn file_len(&self) -> u64 {
-        self.encoded_len() + self.data_len()
+        self.encoded_len().saturating_add(self.data_len())
     }
 
     /// Parses the start of a `.npy` file; returns the header and the offset where data starts.
@@ -270,8 +293,27 @@ impl NpyHeader {
                     .map_err(|_| NpyError::Malformed(format!("shape dimension {dim:?}")))?,
             );
         }
-        Ok((NpyHeader { dtype, shape }, end))
+        let header = NpyHeader { dtype, shape };
+        // Every size a reader derives from the header (elements, row bytes, data bytes, and the
+        // file end) must fit in 64 bits; a product that wrapped could read as 0.
+        let fits = header
+            .checked_data_len()
+            .and_then(|n| n.checked_add(end as u64))
+            .is_some();
+        if !fits {
+            return Err(NpyError::TooLarge(header.shape));
+        }
+        Ok((header, end))
     }
+}
+
+/// `start` times every dimension; 0 if any dimension is 0 (however large the others), `None`
+/// if the product overflows `u64`.
+fn checked_product(dims: &[u64], start: u64) -> Option<u64> {
+    if dims.contains(&0) {
+        return Some(0);
+    }
+    dims.iter().try_fold(start, |n, &d| n.checked_mul(d))
 }
 
 /// The raw text of `key`'s value in a Python dict literal (a tuple value stays parenthesised).
@@ -319,6 +361,33 @@ mod tests {
                 assert_eq!(off, bytes.len());
             }
         }
+    }
+
+    #[test]
+    fn npy_shape_product_wrapping_to_0_is_refused() {
+        // 2^32 × 2^32 one-byte elements: the product is 2^64, which wraps to 0 in u64.
+        for (dtype, shape) in [
+            (DType::U8, vec![1 << 32, 1 << 32]),
+            (DType::F32, vec![1 << 62, 1, 1]),
+            (DType::U8, vec![3, 1 << 63, 2]),
+            // Fits in u64 alone, but not once the header's length is added.
+            (DType::U8, vec![u64::MAX]),
+        ] {
+            let bytes = NpyHeader::new(dtype, shape.clone()).encode();
+            assert_eq!(
+                NpyHeader::parse(&bytes),
+                Err(NpyError::TooLarge(shape.clone()))
+            );
+            let h = NpyHeader::new(dtype, shape);
+            assert_ne!(h.data_len(), 0, "a size must never wrap to 0");
+        }
+        // A zero dimension anywhere is a real empty array, not an overflow.
+        let h = NpyHeader::new(DType::U8, vec![1 << 40, 1 << 40, 0]);
+        assert_eq!(
+            NpyHeader::parse(&h.encode()).map(|(h, _)| h.data_len()),
+            Ok(0)
+        );
+        assert_eq!(h.checked_row_bytes(), Some(0));
     }
 
     #[test]

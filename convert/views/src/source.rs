@@ -48,6 +48,18 @@ pub trait ByteSource: Send + Sync {
 
 /// Reads the whole file at `rel`, refusing files larger than `limit` bytes.
 pub fn read_all(src: &dyn ByteSource, rel: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_all_into(src, rel, limit, &mut buf)?;
+    Ok(buf)
+}
+
+/// [`read_all`] into `buf` (cleared first), reusing its allocation.
+pub fn read_all_into(
+    src: &dyn ByteSource,
+    rel: &Path,
+    limit: u64,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
     let len = src.len(rel)?;
     if len > limit {
         return Err(io::Error::new(
@@ -58,7 +70,18 @@ pub fn read_all(src: &dyn ByteSource, rel: &Path, limit: u64) -> io::Result<Vec<
             ),
         ));
     }
-    let mut buf = vec![0u8; len as usize];
+    // Reused buffers are not zeroed again: every byte kept is read from the file below.
+    let len = len as usize;
+    if len > buf.len() {
+        buf.try_reserve(len - buf.len()).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "cannot allocate the file buffer",
+            )
+        })?;
+        buf.resize(len, 0);
+    }
+    buf.truncate(len);
     let mut done = 0;
     while done < buf.len() {
         let n = src.read_at(rel, done as u64, &mut buf[done..])?;
@@ -69,7 +92,7 @@ pub fn read_all(src: &dyn ByteSource, rel: &Path, limit: u64) -> io::Result<Vec<
         }
         done += n;
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// A [`ByteSource`] over a directory of plain files; never follows symlinks.

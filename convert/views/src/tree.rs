@@ -10,7 +10,15 @@
 //! samples of class 0. Deviations, all in cases `ImageFolder` refuses or never sees: a
 //! subdirectory without images is not a class (ImageFolder raises), symlinks are not followed,
 //! only `.jpg`/`.jpeg`/`.png` (any case) count, and names containing a newline are skipped
-//! (they would break `files.txt`).
+//! and reported (they would break `files.txt`).
+//!
+//! A directory that cannot be listed (unreadable, a path too long) or lies deeper than
+//! [`MAX_DEPTH`] is skipped and listed in [`ViewTree::skipped`]; the rest of the tree is
+//! still viewable. Only an unreadable root fails the scan.
+//!
+//! Provenance: [`ViewTree::source_of`] says which source path each view path derives from
+//! (the table file, or the image folder), so the mount can give a view its input's owner and
+//! read bits.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -19,6 +27,10 @@ use std::path::{Path, PathBuf};
 
 use crate::error::ViewError;
 use crate::source::{ByteSource, EntryKind};
+
+/// Deepest directory level scanned (the root is 0): deeper ones are skipped and reported. The
+/// scan recurses once per level; 256 levels is far beyond any dataset and keeps the stack small.
+pub const MAX_DEPTH: usize = 256;
 
 /// Names of the files of an image folder view.
 pub const IMAGE_FILES: [&str; 4] = ["images.npy", "labels.npy", "classes.txt", "files.txt"];
@@ -105,20 +117,34 @@ pub enum Node {
 pub struct ViewTree {
     dirs: Vec<ViewDir>,
     by_rel: HashMap<PathBuf, usize>,
+    skipped: Vec<(PathBuf, String)>,
 }
 
 impl ViewTree {
-    /// Lists the source tree through `src` (reads no file contents).
+    /// Lists the source tree through `src` (reads no file contents). Fails only when the root
+    /// itself cannot be listed.
     pub fn scan(src: &dyn ByteSource) -> Result<ViewTree, ViewError> {
         let mut tree = ViewTree::default();
-        tree.scan_dir(src, PathBuf::new())?;
-        // Keep only viewable directories reachable from the root; the root always stays.
+        let root = src.list_dir(Path::new(""))?;
+        tree.scan_dir(src, PathBuf::new(), root, 0);
         Ok(tree)
     }
 
-    /// Scans `rel` recursively; returns its index, or None when nothing viewable is below.
-    fn scan_dir(&mut self, src: &dyn ByteSource, rel: PathBuf) -> Result<Option<usize>, ViewError> {
-        let mut entries = src.list_dir(&rel)?;
+    /// Source entries that were skipped (path relative to the root, why): directories that
+    /// could not be listed or lie too deep, names containing a newline.
+    pub fn skipped(&self) -> &[(PathBuf, String)] {
+        &self.skipped
+    }
+
+    /// Scans `rel` (whose listing is `entries`) recursively; returns its index, or None when
+    /// nothing viewable is below.
+    fn scan_dir(
+        &mut self,
+        src: &dyn ByteSource,
+        rel: PathBuf,
+        mut entries: Vec<crate::source::SourceEntry>,
+        depth: usize,
+    ) -> Option<usize> {
         entries.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
         let mut dir = ViewDir {
             rel: rel.clone(),
@@ -127,6 +153,12 @@ impl ViewTree {
         let mut child_dirs = Vec::new();
         for e in entries {
             if e.name.as_bytes().contains(&b'\n') {
+                if e.kind != EntryKind::Other {
+                    self.skipped.push((
+                        rel.join(&e.name),
+                        "name contains a newline (it could not be listed in files.txt)".into(),
+                    ));
+                }
                 continue;
             }
             match e.kind {
@@ -143,7 +175,23 @@ impl ViewTree {
         }
         let mut class_samples = 0u64;
         for name in child_dirs {
-            if let Some(idx) = self.scan_dir(src, rel.join(&name))? {
+            let child = rel.join(&name);
+            if depth + 1 > MAX_DEPTH {
+                self.skipped.push((
+                    child,
+                    format!("directory nested deeper than {MAX_DEPTH} levels"),
+                ));
+                continue;
+            }
+            let listing = match src.list_dir(&child) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.skipped
+                        .push((child, format!("cannot list this directory: {e}")));
+                    continue;
+                }
+            };
+            if let Some(idx) = self.scan_dir(src, child, listing, depth + 1) {
                 let below = self.dirs[idx].images_below;
                 class_samples += below;
                 dir.subdirs.push((name, idx));
@@ -160,12 +208,22 @@ impl ViewTree {
             || !dir.tables.is_empty()
             || dir.images_below > 0;
         if !viewable {
-            return Ok(None);
+            return None;
         }
         let idx = self.dirs.len();
         self.by_rel.insert(rel, idx);
         self.dirs.push(dir);
-        Ok(Some(idx))
+        Some(idx)
+    }
+
+    /// The source path (relative to the root) that the view path `rel` under `.npy/` derives
+    /// from: the table file for a table's directory and files, the directory itself for a
+    /// directory and for an image folder's files. None when `rel` names no view.
+    pub fn source_of(&self, rel: &Path) -> Option<PathBuf> {
+        match self.lookup(rel)? {
+            Node::Dir(i) | Node::ImageFile(i, _) => self.dirs.get(i).map(|d| d.rel.clone()),
+            Node::TableDir(p, _) | Node::TableFile(p, _, _) => Some(p),
+        }
     }
 
     /// The directory whose `.npy/` path is `rel` (`""` = the `.npy/` root).
@@ -244,13 +302,13 @@ impl ViewTree {
             .collect();
         if classes.is_empty() {
             let name = dir.rel.file_name().unwrap_or(OsStr::new("."));
-            folder.classes.push(name.to_string_lossy().into_owned());
+            folder.classes.push(name.to_os_string());
             for img in &dir.images {
                 folder.samples.push((PathBuf::from(img), 0));
             }
         } else {
             for (label, (name, ci)) in classes.into_iter().enumerate() {
-                folder.classes.push(name.to_string_lossy().into_owned());
+                folder.classes.push(name.clone());
                 // sorted(os.walk(class_dir)): every directory below, ordered by path string.
                 let mut walk: Vec<(Vec<u8>, usize)> = Vec::new();
                 self.collect_dirs(*ci, PathBuf::from(name), &mut walk);
@@ -281,8 +339,8 @@ impl ViewTree {
 pub struct ImageFolder {
     /// Source path of the folder, relative to the dataset root.
     pub rel: PathBuf,
-    /// Class names, label order.
-    pub classes: Vec<String>,
+    /// Class names (exact bytes), label order.
+    pub classes: Vec<OsString>,
     /// (path relative to the folder, label), sample order.
     pub samples: Vec<(PathBuf, i64)>,
 }

@@ -2,10 +2,15 @@
 //! which is rendered on demand, plus the options and small helpers every view shares.
 
 use std::fmt;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::ViewError;
+use crate::image::DecodeSettings;
+
+/// Default [`View::render_unit`]: 1 MiB-aligned blocks, the mount's cache block size.
+pub const DEFAULT_RENDER_UNIT: u64 = 1 << 20;
 
 /// Called with (source path, reason) for every corrupt or unsupported input a view meets.
 pub type BadInputHook = Arc<dyn Fn(&Path, &str) + Send + Sync>;
@@ -19,6 +24,18 @@ pub trait View: Send + Sync {
     /// Natural render granularity in bytes (e.g. a few image slots or one row group), so the
     /// caller can cache rendered chunks of this size.
     fn chunk_len(&self) -> u64;
+    /// The natural render unit containing byte `offset`: the smallest range that is rendered
+    /// as a whole anyway (one image slot of `images.npy`, its header on its own), so the mount
+    /// can render and cache by unit and a random read decodes only what it touches. Empty at
+    /// or past the end. Default: the 1 MiB-aligned block holding `offset`.
+    fn render_unit(&self, offset: u64) -> Range<u64> {
+        let len = self.len();
+        if offset >= len {
+            return len..len;
+        }
+        let start = offset - offset % DEFAULT_RENDER_UNIT;
+        start..(start + DEFAULT_RENDER_UNIT).min(len)
+    }
     /// True for a zero-length view.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -34,15 +51,34 @@ pub struct ViewOptions {
     pub strict: bool,
     /// Told about every corrupt or unsupported input (images and tables).
     pub on_bad: Option<BadInputHook>,
+    /// How images are decoded: fast or exact mode, pixel cap, the shared decode budget.
+    pub decode: DecodeSettings,
 }
+
+/// Default side S of image crops (torchvision's usual 224).
+pub const DEFAULT_IMAGE_SIZE: u32 = 224;
+
+/// Largest side S accepted (`--image-size`): one slot is then 3·S² = 192 MiB.
+pub const MAX_IMAGE_SIZE: u32 = 8192;
 
 impl Default for ViewOptions {
     fn default() -> Self {
         ViewOptions {
-            image_size: 224,
+            image_size: DEFAULT_IMAGE_SIZE,
             strict: false,
             on_bad: None,
+            decode: DecodeSettings::default(),
         }
+    }
+}
+
+/// Checks an `--image-size` value: 1..=[`MAX_IMAGE_SIZE`].
+pub fn check_image_size(size: u64) -> Result<u32, String> {
+    match u32::try_from(size) {
+        Ok(s) if (1..=MAX_IMAGE_SIZE).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "image size {size} is out of range: S must be 1..={MAX_IMAGE_SIZE} (slots are S×S×3 bytes)"
+        )),
     }
 }
 
@@ -52,6 +88,7 @@ impl fmt::Debug for ViewOptions {
             .field("image_size", &self.image_size)
             .field("strict", &self.strict)
             .field("on_bad", &self.on_bad.is_some())
+            .field("decode", &self.decode)
             .finish()
     }
 }

@@ -52,8 +52,12 @@ impl ViewSet {
         Ok(ViewSet::with_tree(src, tree, opts))
     }
 
-    /// Views of `src` over an already scanned `tree`.
+    /// Views of `src` over an already scanned `tree`; the tree's skipped entries are reported
+    /// to `opts.on_bad` once, here.
     pub fn with_tree(src: Arc<dyn ByteSource>, tree: ViewTree, opts: ViewOptions) -> ViewSet {
+        for (path, reason) in tree.skipped() {
+            opts.report_bad(path, reason);
+        }
         ViewSet {
             src,
             tree,
@@ -67,6 +71,12 @@ impl ViewSet {
     /// The scanned tree.
     pub fn tree(&self) -> &ViewTree {
         &self.tree
+    }
+
+    /// The source path (relative to the root) the view path `rel` derives from (the table
+    /// file, or the image folder), for the view's owner and mode.
+    pub fn source_of(&self, rel: &Path) -> Option<PathBuf> {
+        self.tree.source_of(rel)
     }
 
     /// The options views are rendered with.

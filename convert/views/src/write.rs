@@ -45,14 +45,25 @@ impl Plan {
     }
 }
 
-/// Lists every directory and file of the `.npy/` tree (opens tables to learn their columns).
-pub fn plan(set: &ViewSet) -> Result<Plan, ViewError> {
+/// Which image views a plan includes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Levels {
+    /// The image folder at the root only (the folder `convert` was given), tables anywhere:
+    /// an ancestor's or a class folder's `images.npy` repeats the same pixels.
+    Root,
+    /// Every level, as the mount shows them.
+    All,
+}
+
+/// Lists the directories and files of the `.npy/` tree to write (opens tables to learn their
+/// columns). Directories with nothing to write are left out.
+pub fn plan(set: &ViewSet, levels: Levels) -> Result<Plan, ViewError> {
     let mut plan = Plan::default();
-    walk(set, PathBuf::new(), &mut plan)?;
+    walk(set, PathBuf::new(), levels, &mut plan)?;
     Ok(plan)
 }
 
-fn walk(set: &ViewSet, rel: PathBuf, plan: &mut Plan) -> Result<(), ViewError> {
+fn walk(set: &ViewSet, rel: PathBuf, levels: Levels, plan: &mut Plan) -> Result<(), ViewError> {
     let entries = match set.read_dir(&rel) {
         Ok(e) => e,
         Err(ViewError::Corrupt { path, reason }) => {
@@ -61,13 +72,25 @@ fn walk(set: &ViewSet, rel: PathBuf, plan: &mut Plan) -> Result<(), ViewError> {
         }
         Err(e) => return Err(e),
     };
+    let (dirs_before, files_before) = (plan.dirs.len(), plan.files.len());
     plan.dirs.push(rel.clone());
+    let is_table_dir = set.tree().dir(&rel).is_none();
     for e in entries {
         let child = rel.join(&e.name);
         match e.kind {
-            ViewKind::Dir => walk(set, child, plan)?,
-            ViewKind::File(len) => plan.files.push(Planned { rel: child, len }),
+            ViewKind::Dir => walk(set, child, levels, plan)?,
+            ViewKind::File(len) => {
+                // Image-folder files sit in mirrored directories; a table's files in its own.
+                let image_file = !is_table_dir;
+                if image_file && levels == Levels::Root && !rel.as_os_str().is_empty() {
+                    continue;
+                }
+                plan.files.push(Planned { rel: child, len })
+            }
         }
+    }
+    if plan.files.len() == files_before && !rel.as_os_str().is_empty() {
+        plan.dirs.truncate(dirs_before);
     }
     Ok(())
 }

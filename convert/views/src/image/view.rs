@@ -2,16 +2,25 @@
 //! slot (one S×S×3 image) is decoded when a read touches it, through the [`ByteSource`], so
 //! nothing is decoded before it is read.
 //!
-//! Reads that cut a slot (a caller's chunk boundary rarely falls on one, the header shifts
-//! them) render that slot into a scratch buffer; the last [`PARTIAL_SLOTS`] such slots are kept
-//! so that the two chunks sharing a slot decode it once.
+//! Random access: [`View::render_unit`] of an offset is the one slot holding it (the `.npy`
+//! header is a unit of its own), so a reader that wants one image costs one decode. Reads that
+//! cut a slot (a caller's block boundary rarely falls on one, the header shifts them) render
+//! that slot into a scratch buffer; the last [`PARTIAL_SLOTS`] such slots are kept so that the
+//! two blocks sharing a slot decode it once.
+//!
+//! `files.txt` and `classes.txt` hold the names' exact bytes, one per line (names containing a
+//! newline are never samples, see `tree`), so distinct names never collide: a non-UTF-8 name
+//! reads back in Python with `errors="surrogateescape"` equal to what `os.listdir` returns.
 
+use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::ViewError;
-use crate::source::{read_all, ByteSource};
+use crate::source::{read_all_into, ByteSource};
 use crate::tree::ImageFolder;
 use crate::view::{read_rows, BytesView, View, ViewOptions};
 use stagefs_npy::{DType, NpyHeader};
@@ -24,8 +33,17 @@ const PARTIAL_SLOTS: usize = 32;
 /// and match typical FUSE read-ahead sizes.
 const SLOTS_PER_CHUNK: u64 = 8;
 
-/// Largest image file read (bytes): bigger files are reported as unsupported.
-const MAX_FILE_BYTES: u64 = 1 << 30;
+/// Largest image file read (bytes): bigger files are reported as unsupported. A file is read
+/// whole before decoding; 256 MiB holds any real photograph or an 8192² PNG of noise.
+const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// File buffers larger than this are freed after the image rather than kept for the next.
+const RETAIN_FILE_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// One file buffer per thread, reused from image to image.
+    static FILE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// `images.npy` of one image folder.
 pub struct ImagesView {
@@ -67,14 +85,27 @@ impl ImagesView {
                 "images.npy slot {i}"
             ))));
         };
-        let result = match read_all(self.src.as_ref(), &path, MAX_FILE_BYTES) {
-            Ok(bytes) => super::decode::render(&bytes, self.opts.image_size, out),
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.to_string()),
-            Err(e) => return Err(ViewError::Io(e)),
-        };
+        let _span = tracing::debug_span!("decode", path = %path.display()).entered();
+        let result = FILE_BUF.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let result = match read_all_into(self.src.as_ref(), &path, MAX_FILE_BYTES, &mut buf) {
+                Ok(()) => {
+                    super::decode::render_with(&buf, self.opts.image_size, &self.opts.decode, out)
+                        .map_err(SlotError::Bad)
+                }
+                Err(e) if is_bad_input(&e) => Err(SlotError::Bad(e.to_string())),
+                Err(e) => Err(SlotError::Io(e)),
+            };
+            if buf.capacity() > RETAIN_FILE_BYTES {
+                *buf = Vec::new();
+            }
+            result
+        });
         match result {
             Ok(()) => Ok(()),
-            Err(reason) => self.bad(i, &path, reason, out),
+            Err(SlotError::Bad(reason)) => self.bad(i, &path, reason, out),
+            // The mount passes the source's errno on; the slot is not "bad", just unreadable now.
+            Err(SlotError::Io(e)) => Err(ViewError::Io(e)),
         }
     }
 
@@ -122,6 +153,28 @@ impl ImagesView {
     }
 }
 
+/// ENAMETOOLONG on Linux (the crate has no libc dependency).
+const ENAMETOOLONG: i32 = 36;
+
+/// Read errors that are the input's fault and will not go away on a retry: an oversized file,
+/// a file that is unreadable (another user's 0600), gone or has a name too long. Its slot is a
+/// bad input (zeros, reported), not a failed read of the whole view.
+fn is_bad_input(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{InvalidData, InvalidInput, NotFound, PermissionDenied};
+    matches!(
+        e.kind(),
+        InvalidData | InvalidInput | NotFound | PermissionDenied
+    ) || e.raw_os_error() == Some(ENAMETOOLONG)
+}
+
+/// Why a slot could not be rendered.
+enum SlotError {
+    /// The image is corrupt, unsupported or too large: a zero slot (or EIO when strict).
+    Bad(String),
+    /// Reading the source failed.
+    Io(std::io::Error),
+}
+
 impl View for ImagesView {
     fn len(&self) -> u64 {
         self.header.len() as u64 + self.slot_bytes * self.folder.samples.len() as u64
@@ -142,6 +195,19 @@ impl View for ImagesView {
     fn chunk_len(&self) -> u64 {
         self.slot_bytes * SLOTS_PER_CHUNK
     }
+
+    fn render_unit(&self, offset: u64) -> Range<u64> {
+        let (h, len) = (self.header.len() as u64, self.len());
+        if offset >= len {
+            return len..len;
+        }
+        if offset < h {
+            return 0..h;
+        }
+        let slot = (offset - h) / self.slot_bytes;
+        let start = h + slot * self.slot_bytes;
+        start..start + self.slot_bytes
+    }
 }
 
 /// The small files of an image folder: `labels.npy`, `classes.txt`, `files.txt`; None for other
@@ -155,24 +221,17 @@ pub fn image_file_view(folder: &ImageFolder, name: &str) -> Option<BytesView> {
             }
             b
         }
-        "classes.txt" => lines(folder.classes.iter().map(String::as_str)),
-        "files.txt" => {
-            let names: Vec<String> = folder
-                .samples
-                .iter()
-                .map(|(p, _)| p.to_string_lossy().into_owned())
-                .collect();
-            lines(names.iter().map(String::as_str))
-        }
+        "classes.txt" => lines(folder.classes.iter().map(|c| c.as_bytes())),
+        "files.txt" => lines(folder.samples.iter().map(|(p, _)| p.as_os_str().as_bytes())),
         _ => return None,
     };
     Some(BytesView::new(bytes))
 }
 
-fn lines<'a>(items: impl Iterator<Item = &'a str>) -> Vec<u8> {
+fn lines<'a>(items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
     let mut out = Vec::new();
     for item in items {
-        out.extend_from_slice(item.as_bytes());
+        out.extend_from_slice(item);
         out.push(b'\n');
     }
     out

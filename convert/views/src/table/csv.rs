@@ -22,6 +22,11 @@ pub const BLOCK_ROWS: usize = 1 << 16;
 /// Bytes read from the source at a time while indexing.
 const READ_BYTES: usize = 4 << 20;
 
+/// Longest stretch of input without a complete record (bytes). A stray quote makes the rest
+/// of a file one field, which the decoder would buffer whole; past this the table is
+/// reported corrupt (EIO for its views) instead of growing the daemon's memory.
+pub const MAX_RECORD_BYTES: u64 = 64 << 20;
+
 struct CsvBlocks {
     src: Arc<dyn ByteSource>,
     rel: PathBuf,
@@ -35,7 +40,12 @@ struct CsvBlocks {
 impl CsvBlocks {
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let (start, end) = *self.ranges.get(b).ok_or("no such block")?;
-        let mut bytes = vec![0u8; (end - start) as usize];
+        let len = usize::try_from(end - start).map_err(|_| "block too large")?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|_| format!("cannot allocate {len} bytes"))?;
+        bytes.resize(len, 0);
         let n = self
             .src
             .read_at(&self.rel, start, &mut bytes)
@@ -76,6 +86,51 @@ impl BlockReader for CsvBlocks {
 
 type Opened = (Vec<ColumnPlan>, Vec<u64>, Box<dyn BlockReader>);
 
+/// A reader that fails once a record runs past [`MAX_RECORD_BYTES`]: it tracks the parity of
+/// quotes (a doubled quote inside a field keeps it) and the bytes since the last newline seen
+/// outside quotes. Type inference reads the whole file through the `csv` crate, which would
+/// otherwise buffer a never-closed quoted field whole.
+struct RecordGuard<R> {
+    inner: R,
+    in_quotes: bool,
+    since_newline: u64,
+}
+
+impl<R> RecordGuard<R> {
+    fn new(inner: R) -> Self {
+        RecordGuard {
+            inner,
+            in_quotes: false,
+            since_newline: 0,
+        }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for RecordGuard<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for &b in &buf[..n] {
+            self.since_newline += 1;
+            match b {
+                b'"' => self.in_quotes = !self.in_quotes,
+                b'\n' if !self.in_quotes => self.since_newline = 0,
+                _ => {}
+            }
+        }
+        if self.since_newline > MAX_RECORD_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a record longer than {} MiB (a stray '\"' opening a field that never \
+                     closes?)",
+                    MAX_RECORD_BYTES >> 20
+                ),
+            ));
+        }
+        Ok(n)
+    }
+}
+
 /// Opens (infers and indexes) the CSV file at `rel`.
 pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError> {
     match catch_unwind(AssertUnwindSafe(|| open_inner(src.clone(), rel))) {
@@ -89,7 +144,10 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
     let len = src.len(rel)?;
     let (schema, _) = Format::default()
         .with_header(true)
-        .infer_schema(SourceReader::new(src.as_ref(), rel, 0), None)
+        .infer_schema(
+            RecordGuard::new(SourceReader::new(src.as_ref(), rel, 0)),
+            None,
+        )
         .map_err(|e| bad(format!("cannot infer CSV columns: {e}")))?;
     let schema = Arc::new(schema);
 
@@ -128,6 +186,8 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
     let mut starts = vec![0u64];
     let mut block_start = data_start;
     let mut consumed = data_start;
+    // Where the decoder last completed a record (see MAX_RECORD_BYTES).
+    let mut progress_at = data_start;
     let (mut filled, mut pos) = (0usize, 0usize);
     let mut file_pos = data_start;
     loop {
@@ -137,11 +197,21 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
             pos = 0;
         }
         let input = &buf[pos..filled];
+        let before = dec.capacity();
         let used = dec
             .decode(input)
             .map_err(|e| bad(format!("bad CSV record: {e}")))?;
         pos += used;
         consumed += used as u64;
+        if dec.capacity() != before {
+            progress_at = consumed;
+        } else if consumed - progress_at > MAX_RECORD_BYTES {
+            return Err(bad(format!(
+                "no complete record in the {} MiB after byte {progress_at} (a stray '\"' \
+                 opening a field that never closes?)",
+                MAX_RECORD_BYTES >> 20
+            )));
+        }
         let at_end = input.is_empty();
         if dec.capacity() == 0 || at_end {
             if let Some(batch) = dec

@@ -7,6 +7,15 @@
 //! float64); a read of rows i..j decodes only the blocks it touches and only the columns it
 //! needs, and the last rendered blocks are kept ([`CACHE_BYTES`]) so neighbouring reads reuse
 //! them.
+//!
+//! A rendered block is an Arrow [`Buffer`]: for a column whose type is already the `.npy`
+//! dtype and which has no nulls (the common case: float64, int64, ...), it is the decoded
+//! array's own values buffer, so a read costs the decode and one copy into the caller's
+//! buffer, no more. Booleans are unpacked from bits to bytes eight at a time.
+//!
+//! Sizes are checked once at open: every view's length (rows × row bytes + header) must fit
+//! in a `u64` with room to spare ([`MAX_VIEW_BYTES`]), so no later arithmetic can wrap; a table
+//! that fails this is a corrupt table (EIO for its views, the mount keeps running).
 
 pub mod csv;
 pub mod parquet;
@@ -16,11 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::buffer::Buffer;
 use arrow::compute::cast;
-use arrow::datatypes::{
-    DataType, Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type,
-    UInt16Type, UInt32Type, UInt64Type, UInt8Type,
-};
+use arrow::datatypes::{DataType, Float32Type};
 use serde_json::json;
 
 use crate::error::ViewError;
@@ -31,6 +38,15 @@ use stagefs_npy::{DType, NpyHeader};
 
 /// Rendered blocks kept per table (bytes): a few row groups of a wide table.
 pub const CACHE_BYTES: usize = 64 << 20;
+
+/// Largest view a table may have (bytes): 2^62, far past any real table, and far enough
+/// below `u64::MAX` that sums of offsets and lengths cannot wrap.
+pub const MAX_VIEW_BYTES: u64 = 1 << 62;
+
+/// Longest file name of a column view (bytes): the 255 most file systems take, less room for
+/// the hidden temporary name `convert --to npy` writes it under (`.NAME.stagefs-tmp`, 13
+/// bytes more) and a little spare.
+const NAME_MAX: usize = 255 - 16;
 
 /// Name of the matrix of all numeric columns.
 pub const FEATURES: &str = "features.npy";
@@ -95,7 +111,9 @@ impl ColumnPlan {
 
 /// Gives every viewed column a distinct file name: the column name with `/` and NUL replaced
 /// by `_`, plus `.npy`; names that collide (with each other or with `features.npy` /
-/// `schema.json`) get `_<index>` appended.
+/// `schema.json`) get `_<index>` appended. A name too long for a file name (over [`NAME_MAX`]
+/// bytes with `.npy`) is cut at a character boundary and gets `_<index>` too, so the column stays
+/// readable; `schema.json` maps every column to its file.
 fn assign_files(columns: &mut [ColumnPlan]) {
     let mut used: Vec<String> = vec![FEATURES.into(), SCHEMA.into()];
     for (i, c) in columns.iter_mut().enumerate() {
@@ -113,8 +131,13 @@ fn assign_files(columns: &mut [ColumnPlan]) {
             base
         };
         let mut file = format!("{base}.npy");
-        if used.contains(&file) {
-            file = format!("{base}_{i}.npy");
+        if used.contains(&file) || file.len() > NAME_MAX {
+            let suffix = format!("_{i}.npy");
+            let mut cut = base.len().min(NAME_MAX - suffix.len());
+            while !base.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            file = format!("{}{suffix}", &base[..cut]);
         }
         used.push(file.clone());
         c.file = Some(file);
@@ -129,7 +152,7 @@ enum Part {
 }
 
 /// A cached rendered block: (block, part) and its bytes.
-type BlockEntry = ((usize, Part), Arc<Vec<u8>>);
+type BlockEntry = ((usize, Part), Buffer);
 
 /// An opened table: metadata parsed once, blocks decoded on demand.
 pub struct Table {
@@ -154,7 +177,7 @@ impl Table {
             TableFormat::Parquet => parquet::open(src, rel)?,
             TableFormat::Csv => csv::open(src, rel)?,
         };
-        Ok(Table::new(rel, format, columns, block_starts, reader))
+        Table::new(rel, format, columns, block_starts, reader)
     }
 
     fn new(
@@ -163,10 +186,25 @@ impl Table {
         mut columns: Vec<ColumnPlan>,
         block_starts: Vec<u64>,
         reader: Box<dyn BlockReader>,
-    ) -> Table {
+    ) -> Result<Table, ViewError> {
         assign_files(&mut columns);
         let rows = block_starts.last().copied().unwrap_or(0);
-        Table {
+        // Every view's size must be representable (see MAX_VIEW_BYTES), so that the npy
+        // header arithmetic and every offset computed from it cannot wrap.
+        let features = columns.iter().filter(|c| c.dtype.is_some()).count() as u64;
+        let widest = columns
+            .iter()
+            .filter_map(|c| c.dtype.map(|d| d.size() as u64))
+            .chain([features.saturating_mul(4)])
+            .max()
+            .unwrap_or(0);
+        if rows.checked_mul(widest).is_none_or(|b| b > MAX_VIEW_BYTES) {
+            return Err(ViewError::corrupt(
+                rel,
+                format!("{rows} rows of {widest} bytes make a view larger than 2^62 bytes"),
+            ));
+        }
+        Ok(Table {
             rel: rel.to_path_buf(),
             format,
             rows,
@@ -174,7 +212,7 @@ impl Table {
             block_starts,
             reader,
             cache: Mutex::new(VecDeque::new()),
-        }
+        })
     }
 
     /// Number of rows.
@@ -280,13 +318,14 @@ impl Table {
     }
 
     /// Rendered bytes of `part` for block `b`, from the cache or decoded now.
-    fn block(&self, b: usize, part: Part) -> Result<Arc<Vec<u8>>, ViewError> {
+    fn block(&self, b: usize, part: Part) -> Result<Buffer, ViewError> {
         if let Ok(cache) = self.cache.lock() {
             if let Some((_, v)) = cache.iter().find(|(k, _)| *k == (b, part)) {
                 return Ok(v.clone());
             }
         }
-        let rows = (self.block_starts[b + 1] - self.block_starts[b]) as usize;
+        let rows = usize::try_from(self.block_starts[b + 1] - self.block_starts[b])
+            .map_err(|_| self.corrupt(format!("block {b} has too many rows")))?;
         let bytes = match part {
             Part::Column(c) => {
                 let dtype = self.columns[c]
@@ -319,7 +358,6 @@ impl Table {
                 features_bytes(&arrays, rows).map_err(|e| self.corrupt(e))?
             }
         };
-        let bytes = Arc::new(bytes);
         if let Ok(mut cache) = self.cache.lock() {
             let mut total: usize = cache.iter().map(|(_, v)| v.len()).sum::<usize>() + bytes.len();
             while total > CACHE_BYTES {
@@ -354,12 +392,20 @@ impl Table {
             let (bs, be) = (self.block_starts[b], self.block_starts[b + 1]);
             let rendered = self.block(b, part)?;
             let take = be.min(end) - row;
-            let from = ((row - bs) * row_bytes) as usize;
-            let len = (take * row_bytes) as usize;
+            // In range: rows * row_bytes <= MAX_VIEW_BYTES was checked at open, and `out`
+            // holds n rows.
+            let from = usize::try_from((row - bs) * row_bytes)
+                .map_err(|_| self.corrupt("block too large for this machine"))?;
+            let len = usize::try_from(take * row_bytes)
+                .map_err(|_| self.corrupt("block too large for this machine"))?;
             let src = rendered
+                .as_slice()
                 .get(from..from + len)
                 .ok_or_else(|| self.corrupt("block shorter than its rows"))?;
-            out[pos..pos + len].copy_from_slice(src);
+            let dst = out
+                .get_mut(pos..pos + len)
+                .ok_or_else(|| self.corrupt("internal: read past the caller's buffer"))?;
+            dst.copy_from_slice(src);
             pos += len;
             row += take;
         }
@@ -415,102 +461,105 @@ impl View for TableView {
     }
 }
 
-/// Little-endian bytes of `arr` as `dtype`; nulls become NaN (floats) or 0.
-fn column_bytes(arr: &ArrayRef, dtype: DType) -> Result<Vec<u8>, String> {
-    let target = arrow_type(dtype);
-    let arr = cast(arr, &target).map_err(|e| format!("cannot convert to {}: {e}", dtype.name()))?;
-    let mut out: Vec<u8> = match dtype {
-        DType::Bool => arr.as_boolean().values().iter().map(u8::from).collect(),
-        DType::I8 => arr
-            .as_primitive::<Int8Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::I16 => arr
-            .as_primitive::<Int16Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::I32 => arr
-            .as_primitive::<Int32Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::I64 => arr
-            .as_primitive::<Int64Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::U8 => arr
-            .as_primitive::<UInt8Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::U16 => arr
-            .as_primitive::<UInt16Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::U32 => arr
-            .as_primitive::<UInt32Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::U64 => arr
-            .as_primitive::<UInt64Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::F16 => arr
-            .as_primitive::<Float16Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::F32 => arr
-            .as_primitive::<Float32Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-        DType::F64 => arr
-            .as_primitive::<Float64Type>()
-            .values()
-            .inner()
-            .as_slice()
-            .to_vec(),
-    };
-    if let Some(nulls) = arr.nulls().filter(|n| n.null_count() > 0) {
-        let size = dtype.size();
-        let fill: &[u8] = match dtype {
-            DType::F16 => &[0x00, 0x7E],
-            DType::F32 => &f32::NAN.to_le_bytes(),
-            DType::F64 => &f64::NAN.to_le_bytes(),
-            DType::Bool | DType::I8 | DType::U8 => &[0],
-            DType::I16 | DType::U16 => &[0; 2],
-            DType::I32 | DType::U32 => &[0; 4],
-            DType::I64 | DType::U64 => &[0; 8],
-        };
-        let fill = fill.to_vec();
-        for i in (0..arr.len()).filter(|&i| nulls.is_null(i)) {
-            out[i * size..(i + 1) * size].copy_from_slice(&fill);
+/// A zeroed byte vector of `len`, or an error instead of an abort when memory is short.
+fn alloc_bytes(len: usize) -> Result<Vec<u8>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| format!("cannot allocate {len} bytes"))?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
+/// Unpacks Arrow's LSB-first bits into one byte (0 or 1) per value.
+fn unpack_bools(bits: &arrow::buffer::BooleanBuffer) -> Result<Vec<u8>, String> {
+    // Eight values at a time: each input byte becomes eight output bytes via a table.
+    const SPREAD: [u64; 256] = {
+        let mut t = [0u64; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut v = 0u64;
+            let mut bit = 0;
+            while bit < 8 {
+                if i & (1 << bit) != 0 {
+                    v |= 1 << (8 * bit);
+                }
+                bit += 1;
+            }
+            t[i] = v;
+            i += 1;
         }
+        t
+    };
+    let len = bits.len();
+    let mut out = alloc_bytes(len)?;
+    let chunks = bits.bit_chunks();
+    let mut pos = 0;
+    for word in chunks.iter() {
+        for (k, byte) in word.to_le_bytes().iter().enumerate() {
+            let at = pos + 8 * k;
+            out[at..at + 8].copy_from_slice(&SPREAD[*byte as usize].to_le_bytes());
+        }
+        pos += 64;
+    }
+    let rem = chunks.remainder_bits();
+    for k in 0..chunks.remainder_len() {
+        out[pos + k] = ((rem >> k) & 1) as u8;
     }
     Ok(out)
 }
 
+/// Little-endian bytes of `arr` as `dtype`; nulls become NaN (floats) or 0. Without nulls
+/// and without a cast this is the array's own values buffer (no copy).
+fn column_bytes(arr: &ArrayRef, dtype: DType) -> Result<Buffer, String> {
+    let target = arrow_type(dtype);
+    let arr = if arr.data_type() == &target {
+        arr.clone()
+    } else {
+        cast(arr, &target).map_err(|e| format!("cannot convert to {}: {e}", dtype.name()))?
+    };
+    let nulls = arr.nulls().filter(|n| n.null_count() > 0).cloned();
+    if dtype == DType::Bool {
+        let bools = arr.as_boolean();
+        let mut out = unpack_bools(bools.values())?;
+        if let Some(n) = &nulls {
+            for i in (0..arr.len()).filter(|&i| n.is_null(i)) {
+                out[i] = 0;
+            }
+        }
+        return Ok(Buffer::from_vec(out));
+    }
+    // The values buffer, already offset to the array's first element.
+    let values = arr.to_data().buffers()[0].clone();
+    let size = dtype.size();
+    let values = values.slice_with_length(arr.offset() * size, arr.len() * size);
+    let Some(nulls) = nulls else {
+        return Ok(values);
+    };
+    let fill: &[u8] = match dtype {
+        DType::F16 => &[0x00, 0x7E],
+        DType::F32 => &f32::NAN.to_le_bytes(),
+        DType::F64 => &f64::NAN.to_le_bytes(),
+        DType::Bool | DType::I8 | DType::U8 => &[0],
+        DType::I16 | DType::U16 => &[0; 2],
+        DType::I32 | DType::U32 => &[0; 4],
+        DType::I64 | DType::U64 => &[0; 8],
+    };
+    let mut out = alloc_bytes(values.len())?;
+    out.copy_from_slice(values.as_slice());
+    for i in (0..arr.len()).filter(|&i| nulls.is_null(i)) {
+        out[i * size..(i + 1) * size].copy_from_slice(fill);
+    }
+    Ok(Buffer::from_vec(out))
+}
+
 /// Row-major float32 bytes of `arrays` (all `rows` long); nulls become NaN.
-fn features_bytes(arrays: &[ArrayRef], rows: usize) -> Result<Vec<u8>, String> {
+fn features_bytes(arrays: &[ArrayRef], rows: usize) -> Result<Buffer, String> {
     let k = arrays.len();
-    let mut out = vec![0u8; rows * k * 4];
+    let len = rows
+        .checked_mul(k)
+        .and_then(|n| n.checked_mul(4))
+        .ok_or("features block too large")?;
+    let mut out = alloc_bytes(len)?;
     for (j, arr) in arrays.iter().enumerate() {
         if arr.len() != rows {
             return Err(format!("column has {} rows, expected {rows}", arr.len()));
@@ -529,7 +578,7 @@ fn features_bytes(arrays: &[ArrayRef], rows: usize) -> Result<Vec<u8>, String> {
             out[at..at + 4].copy_from_slice(&v.to_le_bytes());
         }
     }
-    Ok(out)
+    Ok(Buffer::from_vec(out))
 }
 
 fn arrow_type(dtype: DType) -> DataType {

@@ -2,6 +2,12 @@
 //! [`ArrowReaderMetadata`] is kept), a block is a row group, and a block read decodes only that
 //! row group and only the projected columns. Null counts come from the column-chunk statistics;
 //! a column without them is scanned once at open (its nulls decide its dtype, hence its size).
+//!
+//! The footer is untrusted input: before any size taken from it is used, [`check_footer`]
+//! holds every row count against the file's length ([`MAX_ROWS_PER_FILE_BYTE`]) and every
+//! column chunk's byte range against the file, with checked arithmetic. Decoding asks for at
+//! most [`BATCH_ROWS`] rows at a time (the decoder reserves a batch's memory up front), so a
+//! lying row count fails its view with EIO when the pages run out, never the process.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,6 +27,16 @@ use parquet::file::reader::{ChunkReader, Length};
 use super::{BlockReader, ColumnPlan};
 use crate::error::ViewError;
 use crate::source::ByteSource;
+
+/// Rows a footer may claim per byte of the file. Real files stay far below: a constant column
+/// run-length encoded in 20 000-row pages (what current writers emit) costs a ~20-byte page
+/// header per page, about 1 000 rows per byte. 2^16 leaves room for odd writers and still
+/// refuses the 11 KB file claiming 10^12 rows (an 8 TB allocation once).
+pub const MAX_ROWS_PER_FILE_BYTE: u64 = 1 << 16;
+
+/// Rows decoded per batch: a row group of 1 Mi rows (pyarrow's default) decodes in one batch
+/// and one buffer (handed out without a copy); a larger or lying one in bounded steps.
+pub const BATCH_ROWS: usize = 1 << 20;
 
 /// One Parquet file of a [`ByteSource`], as parquet's [`ChunkReader`].
 #[derive(Clone)]
@@ -61,7 +77,20 @@ impl ChunkReader for SourceFile {
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        let mut buf = vec![0u8; length];
+        // Lengths come from page headers: bounded by the file before allocating.
+        if start
+            .checked_add(length as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(ParquetError::EOF(format!(
+                "{length} bytes at {start} lie past the end of the file ({} bytes)",
+                self.len
+            )));
+        }
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(length)
+            .map_err(|_| ParquetError::General(format!("cannot allocate {length} bytes")))?;
+        buf.resize(length, 0);
         let mut done = 0;
         while done < length {
             let n = self
@@ -89,7 +118,14 @@ struct ParquetBlocks {
 impl ParquetBlocks {
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let mask = ProjectionMask::roots(self.meta.parquet_schema(), cols.iter().copied());
-        let rows = self.meta.metadata().row_group(b).num_rows().max(1) as usize;
+        let rg = self
+            .meta
+            .metadata()
+            .row_groups()
+            .get(b)
+            .ok_or_else(|| format!("no row group {b}"))?;
+        let rows = usize::try_from(rg.num_rows()).map_err(|_| "negative row count")?;
+        let rows = rows.clamp(1, BATCH_ROWS);
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
             self.file.clone(),
             self.meta.clone(),
@@ -158,15 +194,54 @@ pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewE
     }
 }
 
+/// Checks a footer against the file it came from; returns the first row of each row group
+/// and then the row count (`row groups + 1` entries). See the module notes.
+pub fn check_footer(
+    md: &parquet::file::metadata::ParquetMetaData,
+    file_len: u64,
+) -> Result<Vec<u64>, String> {
+    let limit = file_len.saturating_mul(MAX_ROWS_PER_FILE_BYTE);
+    let mut starts = Vec::new();
+    starts
+        .try_reserve_exact(md.num_row_groups() + 1)
+        .map_err(|_| "too many row groups")?;
+    starts.push(0u64);
+    let mut rows = 0u64;
+    for (i, rg) in md.row_groups().iter().enumerate() {
+        let n = u64::try_from(rg.num_rows())
+            .map_err(|_| format!("row group {i} claims {} rows", rg.num_rows()))?;
+        rows = rows.checked_add(n).filter(|&r| r <= limit).ok_or_else(|| {
+            format!(
+                "the footer claims more than {limit} rows for a file of {file_len} bytes \
+                     (row group {i}: {n} rows)"
+            )
+        })?;
+        starts.push(rows);
+        for (j, c) in rg.columns().iter().enumerate() {
+            // Not `byte_range()`: it panics on a negative offset.
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let inside = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(c.compressed_size()).ok())
+                .and_then(|(s, l)| s.checked_add(l))
+                .is_some_and(|end| end <= file_len);
+            if !inside {
+                return Err(format!(
+                    "row group {i} column {j}: {} bytes at {start} lie outside the file \
+                     ({file_len} bytes)",
+                    c.compressed_size()
+                ));
+            }
+        }
+    }
+    Ok(starts)
+}
+
 fn open_inner(file: SourceFile) -> Result<Opened, String> {
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| format!("cannot read the Parquet footer: {e}"))?;
     let md = meta.metadata().clone();
-    let mut starts = vec![0u64];
-    for rg in md.row_groups() {
-        let n = u64::try_from(rg.num_rows()).map_err(|_| "negative row count in a row group")?;
-        starts.push(starts[starts.len() - 1] + n);
-    }
+    let starts = check_footer(&md, file.len)?;
     let schema = meta.schema().clone();
     let descr = meta.parquet_schema();
     let blocks = ParquetBlocks {
@@ -209,4 +284,46 @@ fn open_inner(file: SourceFile) -> Result<Opened, String> {
         columns.push(plan);
     }
     Ok((columns, starts, Box::new(blocks)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parquet::file::metadata::{
+        ColumnChunkMetaData, FileMetaData, ParquetMetaData, RowGroupMetaData,
+    };
+    use parquet::schema::parser::parse_message_type;
+    use parquet::schema::types::SchemaDescriptor;
+
+    #[test]
+    fn parquet_row_counts_summing_past_u64_are_refused() {
+        let schema = parse_message_type("message m { required double x; }").expect("schema");
+        let descr = Arc::new(SchemaDescriptor::new(Arc::new(schema)));
+        let group = || {
+            RowGroupMetaData::builder(descr.clone())
+                .set_num_rows(i64::MAX)
+                .set_column_metadata(vec![ColumnChunkMetaData::builder(descr.column(0))
+                    .build()
+                    .expect("column")])
+                .build()
+                .expect("row group")
+        };
+        let md = ParquetMetaData::new(
+            FileMetaData::new(1, 0, None, None, descr.clone(), None),
+            vec![group(), group(), group()],
+        );
+        // Even with no length limit (a file of u64::MAX bytes), the sum must not wrap.
+        let e = check_footer(&md, u64::MAX).expect_err("three i64::MAX row counts overflow u64");
+        assert!(e.contains("claims more than"), "{e}");
+        // Two of them fit in a u64 and pass the arithmetic; the limit is the file's length.
+        let md2 = ParquetMetaData::new(
+            FileMetaData::new(1, 0, None, None, descr.clone(), None),
+            vec![group(), group()],
+        );
+        assert_eq!(
+            check_footer(&md2, u64::MAX).expect("fits").last(),
+            Some(&(u64::MAX - 1))
+        );
+        assert!(check_footer(&md2, 11_000).is_err());
+    }
 }

@@ -1,0 +1,501 @@
+//! Source files through the cache: which cache entry holds which snapshot node, the read path,
+//! read-ahead, cross-file prefetch and the staging plan.
+//!
+//! Every regular file of the snapshot gets a cache entry the first time it is read (or staged),
+//! keyed by its path and the version (size, mtime, inode) the snapshot recorded; the node → entry
+//! table is a plain array of ids, so a read that hits the cache costs no path computation, no
+//! hash lookup and no source metadata call. After a remount the entries the index lists are
+//! bound back to their nodes by comparing the stored path and version with the snapshot — an
+//! entry is served only for the path it was stored for.
+//!
+//! The read path is `FsCore → Files → Fetcher → CacheStore | Source`: a request inside one
+//! cache block is answered with a slice of that block's `Bytes` (no copy until the kernel's);
+//! each file remembers the last block it served, so the kernel's 128 KiB pieces of a 1 MiB
+//! block cost one read and one checksum of scratch, not eight.
+
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use lru::LruCache;
+use stagefs_prefetch::readahead::ReadAhead;
+use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::{
+    block_count, CacheStore, EntryId, Fetcher, FileKind, KeyKind, Loaded, Priority, Stats, Version,
+    Want, BLOCK_SIZE,
+};
+use tracing::{debug, info, warn};
+
+use crate::error::FsError;
+use crate::snapshot::{NodeAttr, NodeId, Snapshot};
+
+/// No entry bound.
+const NONE: u32 = u32::MAX;
+/// Files whose read state (path, entry, read-ahead window, last block) is kept: the files being
+/// read now by a few dozen DataLoader workers, with room to spare.
+const ACTIVE_FILES: usize = 4096;
+
+/// Data of a read reply: one slice of a cached block (no copy), or bytes gathered from several.
+#[derive(Debug)]
+pub enum ReadData {
+    /// A slice of one block.
+    Slice(Bytes),
+    /// Gathered from several blocks.
+    Gathered(Vec<u8>),
+}
+
+impl AsRef<[u8]> for ReadData {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            ReadData::Slice(b) => b,
+            ReadData::Gathered(v) => v,
+        }
+    }
+}
+
+impl ReadData {
+    /// The bytes as a vector (tests).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.as_ref().to_vec()
+    }
+}
+
+/// What a reader of one file needs, kept while the file is in use.
+pub struct FileState {
+    /// The node.
+    pub node: NodeId,
+    /// Its path relative to the source root.
+    pub rel: Arc<Path>,
+    /// The version the snapshot recorded.
+    pub version: Version,
+    /// Its cache entry.
+    pub entry: EntryId,
+    /// Sequential detection for readers without a handle of their own.
+    pub ra: Mutex<ReadAhead>,
+    memo: Mutex<Option<(u32, Bytes)>>,
+}
+
+/// Source files through the cache.
+pub struct Files {
+    snapshot: Arc<Snapshot>,
+    fetcher: Fetcher,
+    entries: RwLock<Vec<AtomicU32>>,
+    active: Mutex<LruCache<NodeId, Arc<FileState>>>,
+    cross_file: usize,
+    xfile: Mutex<Option<SyncSender<NodeId>>>,
+}
+
+impl Files {
+    /// Files of `snapshot` served through `fetcher`; `cross_file` files after an opened small
+    /// file are fetched ahead (0: none).
+    pub fn new(snapshot: Arc<Snapshot>, fetcher: Fetcher, cross_file: usize) -> Arc<Files> {
+        let cap = NonZeroUsize::new(ACTIVE_FILES).unwrap_or(NonZeroUsize::MIN);
+        Arc::new(Files {
+            snapshot,
+            fetcher,
+            entries: RwLock::new(Vec::new()),
+            active: Mutex::new(LruCache::new(cap)),
+            cross_file,
+            xfile: Mutex::new(None),
+        })
+    }
+
+    /// The fetcher.
+    pub fn fetcher(&self) -> &Fetcher {
+        &self.fetcher
+    }
+
+    fn store(&self) -> &Arc<CacheStore> {
+        self.fetcher.store()
+    }
+
+    fn stats(&self) -> &Arc<Stats> {
+        self.fetcher.stats()
+    }
+
+    /// The entry bound to `node`, if any.
+    fn bound(&self, node: NodeId) -> Option<EntryId> {
+        let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let id = t.get(node as usize)?.load(Relaxed);
+        (id != NONE).then_some(id)
+    }
+
+    /// Binds `node` to `entry` unless it already has one; returns the entry it has now.
+    fn bind(&self, node: NodeId, entry: EntryId) -> EntryId {
+        {
+            let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = t.get(node as usize) {
+                return match slot.compare_exchange(NONE, entry, Relaxed, Relaxed) {
+                    Ok(_) => entry,
+                    Err(other) => other,
+                };
+            }
+        }
+        let mut t = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        let want = (self.snapshot.len().max(node as usize + 1) + 1024).next_power_of_two();
+        while t.len() < want {
+            t.push(AtomicU32::new(NONE));
+        }
+        match t[node as usize].compare_exchange(NONE, entry, Relaxed, Relaxed) {
+            Ok(_) => entry,
+            Err(other) => other,
+        }
+    }
+
+    /// Forgets the entry of `node` (its source changed): a later read caches the new version.
+    pub fn unbind(&self, node: NodeId) {
+        let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = t.get(node as usize) {
+            let old = slot.swap(NONE, Relaxed);
+            if old != NONE {
+                self.store().forget(old);
+            }
+        }
+        drop(t);
+        crate::core::lock(&self.active).pop(&node);
+    }
+
+    /// The cache entry of file `node` (version `version`, path `rel`), created if it has none.
+    fn entry_of(&self, node: NodeId, version: Version, rel: &Path) -> EntryId {
+        if let Some(id) = self.bound(node) {
+            return id;
+        }
+        let id = self.store().create(
+            KeyKind::Raw,
+            rel.as_os_str().as_bytes(),
+            version,
+            block_count(version.size) as u32,
+            version.size > SMALL_FILE,
+            node,
+        );
+        let got = self.bind(node, id);
+        if got != id {
+            // Another reader created one at the same time: keep theirs.
+            self.store().forget(id);
+        }
+        got
+    }
+
+    /// The read state of file `node` (attributes `attr`).
+    pub fn state(&self, node: NodeId, attr: &NodeAttr) -> Result<Arc<FileState>, FsError> {
+        if let Some(s) = crate::core::lock(&self.active).get(&node) {
+            return Ok(s.clone());
+        }
+        let rel: Arc<Path> = self.snapshot.path(node).ok_or(FsError::NotFound)?.into();
+        let version = attr.version();
+        let entry = self.entry_of(node, version, &rel);
+        let s = Arc::new(FileState {
+            node,
+            rel,
+            version,
+            entry,
+            ra: Mutex::new(ReadAhead::default()),
+            memo: Mutex::new(None),
+        });
+        crate::core::lock(&self.active).put(node, s.clone());
+        Ok(s)
+    }
+
+    fn want(s: &FileState, slot: u64) -> Want {
+        Want {
+            entry: s.entry,
+            slot: slot as u32,
+            rel: s.rel.clone(),
+            version: s.version,
+        }
+    }
+
+    /// Block `idx` of `s` for a reader, counting bytes `lo..hi` of it as served.
+    fn block(&self, s: &FileState, idx: u64, served: Range<usize>) -> Result<Bytes, FsError> {
+        let stats = self.stats();
+        let remembered = crate::core::lock(&s.memo)
+            .as_ref()
+            .filter(|(i, _)| u64::from(*i) == idx)
+            .map(|(_, b)| b.clone());
+        let (data, hit) = match remembered {
+            Some(b) => (b, true),
+            None => {
+                let f = self.fetcher.block(&Self::want(s, idx)).map_err(|e| {
+                    let e = FsError::from(e);
+                    if let FsError::Stale(_) = e {
+                        self.report_stale(s);
+                    } else {
+                        stats.error(e.to_string());
+                    }
+                    e
+                })?;
+                *crate::core::lock(&s.memo) = Some((idx as u32, f.data.clone()));
+                (f.data, f.hit)
+            }
+        };
+        let n = served.end.min(data.len()).saturating_sub(served.start) as u64;
+        if hit {
+            stats.bytes_from_cache.fetch_add(n, Relaxed);
+        } else {
+            stats.bytes_from_source.fetch_add(n, Relaxed);
+        }
+        Ok(data)
+    }
+
+    fn report_stale(&self, s: &FileState) {
+        let msg = format!(
+            "{} changed on the source since the snapshot was taken: reads fail with ESTALE \
+             (remount with --rescan, or use --revalidate, to see the new version)",
+            s.rel.display()
+        );
+        if !self.stats().has_error(&msg) {
+            warn!("{msg}");
+            self.stats().error(msg);
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` of `s` (read-ahead state `ra`).
+    pub fn read(
+        &self,
+        s: &FileState,
+        ra: &Mutex<ReadAhead>,
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadData, FsError> {
+        let fsize = s.version.size;
+        let end = offset.saturating_add(u64::from(size)).min(fsize);
+        if offset >= end {
+            return Ok(ReadData::Gathered(Vec::new()));
+        }
+        self.stats().reads.fetch_add(1, Relaxed);
+        if let Some(ahead) = crate::core::lock(ra).on_read(offset, u64::from(size), fsize) {
+            self.prefetch_bytes(s, ahead);
+        }
+        let first = offset / BLOCK_SIZE;
+        let last = (end - 1) / BLOCK_SIZE;
+        let piece = |idx: u64| {
+            let bstart = idx * BLOCK_SIZE;
+            let lo = (offset.max(bstart) - bstart) as usize;
+            let hi = (end.min(bstart + BLOCK_SIZE) - bstart) as usize;
+            lo..hi
+        };
+        if first == last {
+            let r = piece(first);
+            let b = self.block(s, first, r.clone())?;
+            let hi = r.end.min(b.len());
+            return Ok(ReadData::Slice(b.slice(r.start.min(hi)..hi)));
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for idx in first..=last {
+            let r = piece(idx);
+            let b = self.block(s, idx, r.clone())?;
+            let hi = r.end.min(b.len());
+            out.extend_from_slice(&b[r.start.min(hi)..hi]);
+        }
+        Ok(ReadData::Gathered(out))
+    }
+
+    fn prefetch_bytes(&self, s: &FileState, range: Range<u64>) {
+        if range.start >= range.end {
+            return;
+        }
+        let blocks = range.start / BLOCK_SIZE..(range.end - 1) / BLOCK_SIZE + 1;
+        let n = block_count(s.version.size);
+        self.fetcher.prefetch(
+            blocks.filter(|b| *b < n).map(|b| Self::want(s, b)),
+            Priority::ReadAhead,
+        );
+    }
+
+    /// Every block of file `node` not cached yet, as fetch requests (staging, cross-file).
+    pub fn missing_blocks(&self, node: NodeId) -> Vec<Want> {
+        let Some(attr) = self.snapshot.attr(node) else {
+            return Vec::new();
+        };
+        if attr.kind != FileKind::File || attr.size == 0 {
+            return Vec::new();
+        }
+        let Ok(s) = self.state(node, &attr) else {
+            return Vec::new();
+        };
+        if self.store().is_complete(s.entry) {
+            return Vec::new();
+        }
+        (0..block_count(attr.size))
+            .filter(|b| !self.store().contains(s.entry, *b as u32))
+            .map(|b| Self::want(&s, b))
+            .collect()
+    }
+
+    /// Notes that small file `node` was opened: the files after it in its directory are
+    /// fetched ahead by the cross-file thread (dropped if it is busy; the next open asks again).
+    pub fn opened(&self, node: NodeId, size: u64) {
+        if size > SMALL_FILE {
+            return;
+        }
+        if let Some(tx) = crate::core::lock(&self.xfile).as_ref() {
+            if let Err(TrySendError::Disconnected(_)) = tx.try_send(node) {
+                warn!("cross-file prefetch thread is gone");
+            }
+        }
+    }
+
+    /// Starts the cross-file prefetch thread (ends when [`Files::stop`] drops its channel).
+    pub fn start_cross_file(
+        self: &Arc<Self>,
+    ) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
+        if self.cross_file == 0 {
+            return Ok(None);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<NodeId>(64);
+        *crate::core::lock(&self.xfile) = Some(tx);
+        let me = self.clone();
+        Ok(Some(
+            std::thread::Builder::new()
+                .name("stagefs-xfile".into())
+                .spawn(move || me.cross_file_loop(rx))?,
+        ))
+    }
+
+    fn cross_file_loop(&self, rx: Receiver<NodeId>) {
+        // Per directory: the range of child positions already handed out, so a reader walking
+        // a directory costs one hand-out per half window, not one per file.
+        let mut handed: LruCache<NodeId, (usize, usize)> =
+            LruCache::new(NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN));
+        for node in rx {
+            let (Some(dir), Some(name)) = (self.snapshot.parent(node), self.snapshot.name(node))
+            else {
+                continue;
+            };
+            let Some(pos) = position(&self.snapshot, dir, &name) else {
+                continue;
+            };
+            let count = self.cross_file;
+            let (lo, hi) = handed.get(&dir).copied().unwrap_or((0, 0));
+            let inside = lo <= pos && pos <= hi;
+            if inside && hi.saturating_sub(pos) > count / 2 {
+                continue;
+            }
+            let start = if inside { hi.max(pos + 1) } else { pos + 1 };
+            let end = pos + 1 + count;
+            handed.put(dir, (if inside { lo } else { pos }, end));
+            let mut next = Vec::new();
+            let _ = self.snapshot.read_dir(dir, start, |i, id, _, attr| {
+                if i >= end {
+                    return false;
+                }
+                if attr.kind == FileKind::File && attr.size <= SMALL_FILE {
+                    next.push(id);
+                }
+                true
+            });
+            for id in next {
+                let wants = self.missing_blocks(id);
+                self.fetcher.prefetch(wants, Priority::ReadAhead);
+            }
+        }
+    }
+
+    /// Ends the cross-file thread (it exits when its channel closes).
+    pub fn stop(&self) {
+        crate::core::lock(&self.xfile).take();
+    }
+
+    /// Binds the entries a previous mount left in the cache to the snapshot's nodes (same path
+    /// and same version), forgetting the rest. Returns the view entries, for the views.
+    pub fn bind_loaded(&self, loaded: Loaded) -> Vec<stagefs_prefetch::LoadedEntry> {
+        let same = loaded.snapshot == self.snapshot.id();
+        let (mut bound, mut dropped) = (0usize, 0usize);
+        let mut views = Vec::new();
+        // Entries were cached roughly directory by directory: remember the last directory
+        // resolved, so most keys cost one name lookup rather than a walk from the root.
+        let mut last_dir: Option<(PathBuf, NodeId)> = None;
+        for le in loaded.entries {
+            if le.kind == KeyKind::View {
+                views.push(le);
+                continue;
+            }
+            let key = Path::new(std::ffi::OsStr::from_bytes(&le.key));
+            let hinted = (same && (le.owner as usize) < self.snapshot.len())
+                .then_some(le.owner)
+                .filter(|n| self.snapshot.path(*n).is_some_and(|p| p == key));
+            let node = hinted.or_else(|| {
+                let (parent, name) = (key.parent()?, key.file_name()?);
+                let dir = match &last_dir {
+                    Some((p, d)) if p == parent => *d,
+                    _ => {
+                        let d = self.snapshot.resolve(parent).ok().flatten()?;
+                        last_dir = Some((parent.to_path_buf(), d));
+                        d
+                    }
+                };
+                self.snapshot.lookup(dir, name).ok().flatten()
+            });
+            let ok = node
+                .and_then(|n| self.snapshot.attr(n).map(|a| (n, a)))
+                .filter(|(_, a)| a.kind == FileKind::File && a.version() == le.version);
+            match ok {
+                Some((n, _)) if self.bind(n, le.id) == le.id => {
+                    if le.owner != n {
+                        self.store().bind(le.id, n);
+                    }
+                    bound += 1;
+                }
+                _ => {
+                    self.store().forget(le.id);
+                    dropped += 1;
+                }
+            }
+        }
+        if let Err(e) = self.store().set_snapshot(self.snapshot.id()) {
+            warn!(error = %e, "could not record the snapshot in the cache index");
+        }
+        info!(bound, dropped, "cache entries bound to the snapshot");
+        views
+    }
+
+    /// The staging plan: every regular file in directory order, small files first, and their
+    /// total size.
+    pub fn staging_plan(&self) -> (Vec<NodeId>, u64) {
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        self.snapshot.walk(|id, attr| {
+            if attr.kind == FileKind::File && attr.size > 0 {
+                files.push((id, attr.size));
+                total = total.saturating_add(attr.size);
+            }
+        });
+        debug!(files = files.len(), total, "staging plan");
+        (stagefs_prefetch::staging::order(files), total)
+    }
+}
+
+/// The index of `name` among the children of `dir` (in name order): a binary search of
+/// single-entry listings, O(log n) for a directory of any size.
+fn position(snapshot: &Snapshot, dir: NodeId, name: &[u8]) -> Option<usize> {
+    let at = |i: usize| {
+        let mut got = None;
+        snapshot
+            .read_dir(dir, i, |_, _, n, _| {
+                got = Some(n.as_bytes().to_vec());
+                false
+            })
+            .ok()?;
+        got
+    };
+    let (mut lo, mut hi) = (0usize, 1usize);
+    // Find an upper bound by doubling, then bisect.
+    while at(hi).is_some_and(|n| n.as_slice() <= name) {
+        lo = hi;
+        hi *= 2;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid) {
+            Some(n) if n.as_slice() < name => lo = mid + 1,
+            Some(n) if n.as_slice() == name => return Some(mid),
+            _ => hi = mid,
+        }
+    }
+    (at(lo).as_deref() == Some(name)).then_some(lo)
+}

@@ -1,0 +1,889 @@
+//! The training-loop loader: aligned rows of several `.npy` files, batch by batch, epoch by
+//! epoch, into a ring of K slots that the consumer holds as long as it uses a batch.
+//!
+//! A [`Loader`] opens N sources with the same first dimension (e.g. `images.npy` and
+//! `labels.npy`) and allocates a ring of K slots once; each slot holds one batch of every source,
+//! each part at a [`PART_ALIGN`]-aligned offset. [`Loader::epoch`] starts one pass: the rows of
+//! this rank in order ([`epoch_order`]: `DistributedSampler`'s split, shuffled by seed and epoch),
+//! a dispatcher handing each batch a free slot in order (so the batch the consumer needs next
+//! always gets one and the pipeline cannot deadlock), and reader threads that fill a slot with
+//! positioned reads — one per run of consecutive rows, so an unshuffled batch is one large read
+//! per source — then enqueue its copy to the device. [`Epoch::next`] hands out batches in order
+//! as [`LoadedBatch`]es, which own their slot (through an `Arc` of the ring, so a batch may
+//! outlive its epoch and the loader) and give it back when dropped.
+//!
+//! Memory is K slots whatever the dataset size. A consumer that keeps every slot and asks for
+//! more gets [`StreamError::RingHeld`] instead of a hang. Dropping an [`Epoch`] early (a
+//! `break` out of the training loop) cancels its readers and returns the slots it held.
+//!
+//! Reads are positioned reads (`pread`) rather than a memory map: a map turns an I/O error or a
+//! file truncated under us into SIGBUS, which would kill the training program instead of raising
+//! an error that names the file. For rows of images (150 KB) a `pread` per row costs the same CPU
+//! as a copy out of a map; for rows of a few bytes it costs a system call each, so small-row
+//! sources read in a scattered order are held in memory ([`SMALL_ROW`], [`RESIDENT_BYTES`]).
+//! The measurements are in the README (`gpu/examples/read_methods.rs`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
+use stagefs_npy::DType;
+
+use crate::device::{Device, StreamKind};
+use crate::error::StreamError;
+use crate::plan::shuffle;
+use crate::source::Source;
+use crate::stats::{add_since, Counters, Stats};
+use crate::streamer::MAX_BATCH_BYTES;
+
+/// Each source's part of a slot starts at a multiple of this many bytes: DLPack asks for
+/// 256-byte aligned tensors, and it covers every element type.
+pub const PART_ALIGN: u64 = 256;
+
+/// Rows smaller than this are not read one `pread` each when the order scatters them (shuffled,
+/// or strided across ranks): a system call per 8-byte label costs 34× the CPU of a copy from
+/// memory (1 M shuffled int64 rows: 0.65 s vs 0.02 s, `gpu/examples/read_methods.rs`). Such
+/// sources are read whole, once, into memory instead (up to [`RESIDENT_BYTES`] in all).
+pub const SMALL_ROW: u64 = 4096;
+
+/// At most this many bytes of small-row sources are kept in memory (labels, table columns and
+/// feature matrices of up to millions of rows); beyond it they are read row by row.
+pub const RESIDENT_BYTES: u64 = 256 << 20;
+
+/// Reads whole, once, the small-row sources that a scattered order would read row by row.
+fn read_resident(sources: &[Source], scattered: bool) -> Result<Vec<Option<Vec<u8>>>, StreamError> {
+    let mut budget = RESIDENT_BYTES;
+    sources
+        .iter()
+        .map(|s| {
+            let bytes = s.data_bytes();
+            if !scattered || s.row_bytes >= SMALL_ROW || bytes > budget {
+                return Ok(None);
+            }
+            budget -= bytes;
+            // Fits in usize: at most RESIDENT_BYTES.
+            let mut data = Vec::new();
+            data.try_reserve_exact(bytes as usize).map_err(|e| {
+                StreamError::Config(format!(
+                    "{}: cannot hold {bytes} bytes: {e}",
+                    s.path.display()
+                ))
+            })?;
+            data.resize(bytes as usize, 0);
+            s.read_rows(&mut data, 0)?;
+            Ok(Some(data))
+        })
+        .collect()
+}
+
+/// How a [`Loader`] cuts and orders the rows.
+#[derive(Clone, Debug)]
+pub struct LoaderConfig {
+    /// Rows per batch (the last batch of an epoch may have fewer unless `drop_last`).
+    pub batch_size: u64,
+    /// Shuffle the rows of every epoch (seeded by `seed` and the epoch).
+    pub shuffle: bool,
+    /// The shuffle's seed.
+    pub seed: u64,
+    /// Drop the last batch of an epoch when it is short.
+    pub drop_last: bool,
+    /// This process's rank among `world_size` data-parallel ranks.
+    pub rank: u64,
+    /// Number of data-parallel ranks (each gets 1/world_size of the rows).
+    pub world_size: u64,
+    /// Ring slots K: batches read ahead or held by the consumer at once.
+    pub ring: usize,
+    /// Reader threads (clamped to `ring`).
+    pub readers: usize,
+}
+
+impl Default for LoaderConfig {
+    /// 256 rows, file order, one rank; 4 slots (the consumer holds one, three are read ahead)
+    /// and 2 readers, as [`crate::StreamConfig`].
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 256,
+            shuffle: false,
+            seed: 0,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            ring: 4,
+            readers: 2,
+        }
+    }
+}
+
+/// The rows `rank` visits in `epoch`, in order: PyTorch's `DistributedSampler` split.
+///
+/// All `rows` indices (a permutation seeded by `seed` and `epoch` when shuffling), padded by
+/// repeating from the start to a multiple of `world_size` so every rank gets the same number of
+/// rows (DDP ranks must run the same number of steps), then every `world_size`-th index from
+/// `rank`. The permutation is Fisher–Yates over SplitMix64 ([`crate::plan`]), not torch's
+/// generator, so the order is stable across versions and platforms but differs from torch's.
+pub fn epoch_order(
+    rows: u64,
+    shuffle_rows: bool,
+    seed: u64,
+    epoch: u64,
+    rank: u64,
+    world_size: u64,
+) -> Vec<u64> {
+    if rows == 0 || world_size == 0 || rank >= world_size {
+        return Vec::new();
+    }
+    let mut all: Vec<u64> = (0..rows).collect();
+    if shuffle_rows {
+        // The same mixing of seed and epoch as the streamer's batch shuffle.
+        shuffle(&mut all, seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
+    }
+    let per_rank = rows.div_ceil(world_size);
+    (0..per_rank)
+        .map(|i| all[((i * world_size + rank) % rows) as usize])
+        .collect()
+}
+
+/// One source's part of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Index of the source in the list given to [`Loader::new`].
+    pub source: usize,
+    /// Byte offset of the part in the slot's buffer.
+    pub offset: usize,
+    /// Bytes of the part.
+    pub len: usize,
+    /// Element type (None for a raw source).
+    pub dtype: Option<DType>,
+    /// Shape: the batch's rows, then the source's row shape.
+    pub shape: Vec<u64>,
+}
+
+/// One slot of the ring: a host buffer, its device twin, and the two events ordering them.
+struct Slot<D: Device> {
+    host: Mutex<D::HostBuffer>,
+    /// The host buffer's address, stable for its life (for consumers that read it in place).
+    host_ptr: usize,
+    device: D::DeviceBuffer,
+    copied: D::Event,
+    consumed: D::Event,
+}
+
+/// What the loader's threads, its epochs and the batches in the consumer's hands share.
+struct Ring<D: Device> {
+    device: Arc<D>,
+    sources: Vec<Source>,
+    /// Offset of each source's part in a slot.
+    offsets: Vec<usize>,
+    /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
+    resident: Vec<Option<Vec<u8>>>,
+    slots: Vec<Slot<D>>,
+    free_tx: Sender<usize>,
+    free_rx: Receiver<usize>,
+    /// Slots in the consumer's hands.
+    held: AtomicUsize,
+    /// Whether an epoch is running (only one may: two would compete for slots).
+    running: AtomicBool,
+    counters: Counters,
+    /// Nanoseconds spent in finished epochs, and when the running one started.
+    busy_ns: AtomicU64,
+    epoch_start: Mutex<Option<Instant>>,
+}
+
+impl<D: Device> Ring<D> {
+    fn release(&self, slot: usize) {
+        // Cannot fail while the ring lives: it holds the receiver, and the channel has room for
+        // every slot.
+        let _ = self.free_tx.send(slot);
+    }
+}
+
+impl<D: Device> Drop for Ring<D> {
+    fn drop(&mut self) {
+        // Copies may still be in flight into buffers that are about to be freed, and a
+        // consumer's work on its own stream may still read them (its release recorded there).
+        if let Err(e) = self.device.synchronize() {
+            tracing::warn!("device synchronize at loader end failed: {e}");
+        }
+        for slot in &self.slots {
+            if let Err(e) = self.device.event_synchronize(&slot.consumed) {
+                tracing::warn!("waiting for the consumer at loader end failed: {e}");
+            }
+        }
+    }
+}
+
+/// Aligned rows of several `.npy` files, batch by batch, through a ring of K slots.
+pub struct Loader<D: Device> {
+    ring: Arc<Ring<D>>,
+    config: LoaderConfig,
+    rows: u64,
+    readers: usize,
+    slot_bytes: usize,
+}
+
+impl<D: Device> Loader<D> {
+    /// Checks the sources and the settings and allocates the ring on `device`.
+    pub fn new(
+        device: Arc<D>,
+        sources: Vec<Source>,
+        config: LoaderConfig,
+    ) -> Result<Self, StreamError> {
+        let first = sources
+            .first()
+            .ok_or_else(|| StreamError::Config("no files to load".into()))?;
+        let rows = first.rows;
+        if let Some(other) = sources.iter().find(|s| s.rows != rows) {
+            return Err(StreamError::Config(format!(
+                "{} has {} rows but {} has {}: the files must have the same first dimension",
+                first.path.display(),
+                rows,
+                other.path.display(),
+                other.rows
+            )));
+        }
+        if config.batch_size == 0 {
+            return Err(StreamError::Config("batch_size must be at least 1".into()));
+        }
+        if config.world_size == 0 || config.rank >= config.world_size {
+            return Err(StreamError::Config(format!(
+                "rank {} is not in 0..world_size ({})",
+                config.rank, config.world_size
+            )));
+        }
+        if config.ring == 0 {
+            return Err(StreamError::Config(
+                "the ring needs at least 1 slot (2 or more to read ahead)".into(),
+            ));
+        }
+        // A batch never has more rows than a rank's share (no slot larger than the data).
+        let batch_rows = config
+            .batch_size
+            .min(rows.div_ceil(config.world_size))
+            .max(1);
+        let mut offsets = Vec::with_capacity(sources.len());
+        let mut end = 0u64;
+        for s in &sources {
+            let start = end.checked_next_multiple_of(PART_ALIGN);
+            let stop = batch_rows
+                .checked_mul(s.row_bytes)
+                .and_then(|b| b.checked_add(start?));
+            match (start, stop) {
+                (Some(start), Some(stop)) if stop <= MAX_BATCH_BYTES => {
+                    offsets.push(start as usize);
+                    end = stop;
+                }
+                _ => {
+                    return Err(StreamError::Config(format!(
+                        "batches of {} rows take more than {} GiB; use a smaller batch_size",
+                        batch_rows,
+                        MAX_BATCH_BYTES >> 30
+                    )))
+                }
+            }
+        }
+        let slot_bytes = usize::try_from(end)
+            .map_err(|_| StreamError::Config("batch too large for this platform".into()))?;
+        let mut slots = Vec::with_capacity(config.ring);
+        for _ in 0..config.ring {
+            let mut host = device.alloc_host(slot_bytes)?;
+            let host_ptr = host.as_mut().as_mut_ptr() as usize;
+            slots.push(Slot {
+                host: Mutex::new(host),
+                host_ptr,
+                device: device.alloc_device(slot_bytes)?,
+                copied: device.new_event()?,
+                consumed: device.new_event()?,
+            });
+        }
+        let (free_tx, free_rx) = bounded(config.ring);
+        for slot in 0..config.ring {
+            let _ = free_tx.send(slot);
+        }
+        let readers = config.readers.clamp(1, config.ring);
+        let resident = read_resident(&sources, config.shuffle || config.world_size > 1)?;
+        Ok(Loader {
+            ring: Arc::new(Ring {
+                device,
+                sources,
+                offsets,
+                resident,
+                slots,
+                free_tx,
+                free_rx,
+                held: AtomicUsize::new(0),
+                running: AtomicBool::new(false),
+                counters: Counters::default(),
+                busy_ns: AtomicU64::new(0),
+                epoch_start: Mutex::new(None),
+            }),
+            config,
+            rows,
+            readers,
+            slot_bytes,
+        })
+    }
+
+    /// Rows in each source.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Rows this rank visits per epoch (padded as `DistributedSampler` pads).
+    pub fn rows_per_rank(&self) -> u64 {
+        self.rows.div_ceil(self.config.world_size)
+    }
+
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> u64 {
+        let rows = self.rows_per_rank();
+        if self.config.drop_last {
+            rows / self.config.batch_size
+        } else {
+            rows.div_ceil(self.config.batch_size)
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.config
+    }
+
+    /// The sources, in the order given.
+    pub fn sources(&self) -> &[Source] {
+        &self.ring.sources
+    }
+
+    /// The device batches land on.
+    pub fn device(&self) -> &Arc<D> {
+        &self.ring.device
+    }
+
+    /// Bytes of one slot (host and device memory are K slots each).
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// The rows this rank visits in `epoch`, in order ([`epoch_order`]).
+    pub fn order(&self, epoch: u64) -> Vec<u64> {
+        let c = &self.config;
+        epoch_order(self.rows, c.shuffle, c.seed, epoch, c.rank, c.world_size)
+    }
+
+    /// Counters over all epochs so far; `elapsed` is the time spent inside epochs.
+    pub fn stats(&self) -> Stats {
+        let ring = &self.ring;
+        let mut busy = Duration::from_nanos(ring.busy_ns.load(Ordering::Relaxed));
+        if let Some(start) = *ring
+            .epoch_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            busy += start.elapsed();
+        }
+        Stats::from_counters(&ring.counters, busy, self.readers)
+    }
+
+    /// Starts epoch `epoch`: reading begins at once. Only one epoch runs at a time; drop the
+    /// previous one first.
+    pub fn epoch(&self, epoch: u64) -> Result<Epoch<D>, StreamError> {
+        if self.ring.running.swap(true, Ordering::AcqRel) {
+            return Err(StreamError::Config(
+                "another epoch of this loader is still running; finish or drop it first".into(),
+            ));
+        }
+        *self
+            .ring
+            .epoch_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        let order: Arc<[u64]> = self.order(epoch).into();
+        let batch_size = self.config.batch_size;
+        let batches = self.batches_per_epoch();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let (job_tx, job_rx) = bounded::<Job>(self.config.ring);
+        let (msg_tx, msg_rx) = unbounded::<Msg>();
+        let mut epoch_state = Epoch {
+            ring: self.ring.clone(),
+            order: order.clone(),
+            batch_size,
+            batches,
+            epoch,
+            cancel: cancel.clone(),
+            stop_tx: Some(stop_tx),
+            job_rx: job_rx.clone(),
+            rx: msg_rx,
+            pending: BTreeMap::new(),
+            next_seq: 0,
+            finished: false,
+            threads: Vec::with_capacity(self.readers + 1),
+        };
+        let spawn_err = |e: std::io::Error| StreamError::Io {
+            path: "<thread>".into(),
+            source: e,
+        };
+        {
+            let (ring, cancel) = (self.ring.clone(), cancel.clone());
+            epoch_state.threads.push(
+                std::thread::Builder::new()
+                    .name("stagefs-load-dispatch".into())
+                    .spawn(move || dispatch(&ring, batches, &cancel, &stop_rx, &job_tx))
+                    .map_err(spawn_err)?,
+            );
+        }
+        for i in 0..self.readers {
+            let (ring, cancel, order) = (self.ring.clone(), cancel.clone(), order.clone());
+            let (job_rx, msg_tx) = (job_rx.clone(), msg_tx.clone());
+            epoch_state.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("stagefs-load-read-{i}"))
+                    .spawn(move || read_loop(&ring, &order, batch_size, &cancel, &job_rx, &msg_tx))
+                    .map_err(spawn_err)?,
+            );
+        }
+        Ok(epoch_state)
+    }
+}
+
+struct Job {
+    seq: u64,
+    slot: usize,
+}
+
+enum Msg {
+    Ready { seq: u64, slot: usize },
+    Failed(StreamError),
+}
+
+/// One pass over this rank's rows; dropping it early cancels the rest.
+pub struct Epoch<D: Device> {
+    ring: Arc<Ring<D>>,
+    order: Arc<[u64]>,
+    batch_size: u64,
+    batches: u64,
+    epoch: u64,
+    cancel: Arc<AtomicBool>,
+    /// Dropped to wake a dispatcher waiting for a free slot.
+    stop_tx: Option<Sender<()>>,
+    /// Kept to give back the slots of jobs no reader took before the end.
+    job_rx: Receiver<Job>,
+    rx: Receiver<Msg>,
+    pending: BTreeMap<u64, usize>,
+    next_seq: u64,
+    finished: bool,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<D: Device> Epoch<D> {
+    /// Batches in this epoch.
+    pub fn len(&self) -> u64 {
+        self.batches
+    }
+
+    /// Whether the epoch has no batch.
+    pub fn is_empty(&self) -> bool {
+        self.batches == 0
+    }
+
+    /// The next batch, blocking until its copy to the device has been issued; `None` at the
+    /// end of the epoch. After an error the epoch is over — except [`StreamError::RingHeld`]
+    /// (the consumer holds every slot), after which dropping a batch and calling again goes on.
+    pub fn next_batch(&mut self) -> Option<Result<LoadedBatch<D>, StreamError>> {
+        if self.finished {
+            return None;
+        }
+        if self.next_seq == self.batches {
+            self.finish();
+            return None;
+        }
+        if self.ring.held.load(Ordering::Acquire) >= self.ring.slots.len() {
+            return Some(Err(StreamError::RingHeld {
+                ring: self.ring.slots.len(),
+            }));
+        }
+        loop {
+            if let Some(slot) = self.pending.remove(&self.next_seq) {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                return Some(Ok(self.batch(seq, slot)));
+            }
+            let waited = Instant::now();
+            let msg = self.rx.recv();
+            add_since(&self.ring.counters.consumer_wait_ns, waited);
+            match msg {
+                Ok(Msg::Ready { seq, slot }) => {
+                    self.pending.insert(seq, slot);
+                }
+                Ok(Msg::Failed(e)) => {
+                    self.finish();
+                    return Some(Err(e));
+                }
+                Err(_) => {
+                    self.finish();
+                    return Some(Err(StreamError::ReaderGone));
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.cancel.store(true, Ordering::Relaxed);
+        let ring = &self.ring;
+        if let Some(start) = ring
+            .epoch_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            ring.busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn batch(&self, seq: u64, slot: usize) -> LoadedBatch<D> {
+        let (start, end) = batch_range(seq, self.batch_size, self.order.len());
+        let rows = (end - start) as u64;
+        let ring = &self.ring;
+        let parts = ring
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut shape = vec![rows];
+                if s.dtype.is_some() {
+                    shape.extend_from_slice(&s.row_shape);
+                }
+                Part {
+                    source: i,
+                    offset: ring.offsets[i],
+                    // Fits: at most the slot's bytes for this source.
+                    len: (rows * s.row_bytes) as usize,
+                    dtype: s.dtype,
+                    shape,
+                }
+            })
+            .collect::<Vec<_>>();
+        ring.held.fetch_add(1, Ordering::AcqRel);
+        let bytes: usize = parts.iter().map(|p| p.len).sum();
+        ring.counters
+            .bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        ring.counters.batches.fetch_add(1, Ordering::Relaxed);
+        LoadedBatch {
+            ring: ring.clone(),
+            slot,
+            seq,
+            epoch: self.epoch,
+            rows: self.order[start..end].to_vec(),
+            parts,
+            consumed_recorded: false,
+        }
+    }
+}
+
+impl<D: Device> Iterator for Epoch<D> {
+    type Item = Result<LoadedBatch<D>, StreamError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch()
+    }
+}
+
+impl<D: Device> Drop for Epoch<D> {
+    fn drop(&mut self) {
+        self.finish();
+        // Wakes a dispatcher waiting for a free slot; it then drops the job sender, which ends
+        // the readers once they have given back the slots of the jobs left.
+        self.stop_tx = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let ring = &self.ring;
+        for job in self.job_rx.try_iter() {
+            ring.release(job.slot);
+        }
+        for msg in self.rx.try_iter() {
+            if let Msg::Ready { slot, .. } = msg {
+                ring.release(slot);
+            }
+        }
+        for (_, slot) in std::mem::take(&mut self.pending) {
+            ring.release(slot);
+        }
+        ring.running.store(false, Ordering::Release);
+    }
+}
+
+/// Indices into the epoch's order of batch `seq`.
+fn batch_range(seq: u64, batch_size: u64, len: usize) -> (usize, usize) {
+    let start = (seq.saturating_mul(batch_size) as usize).min(len);
+    let end = (start as u64).saturating_add(batch_size).min(len as u64) as usize;
+    (start, end)
+}
+
+fn dispatch<D: Device>(
+    ring: &Ring<D>,
+    batches: u64,
+    cancel: &AtomicBool,
+    stop_rx: &Receiver<()>,
+    job_tx: &Sender<Job>,
+) {
+    for seq in 0..batches {
+        let slot = select! {
+            recv(ring.free_rx) -> slot => match slot { Ok(s) => s, Err(_) => return },
+            recv(stop_rx) -> _ => return,
+        };
+        if cancel.load(Ordering::Relaxed) {
+            ring.release(slot);
+            return;
+        }
+        if let Err(e) = job_tx.send(Job { seq, slot }) {
+            ring.release(e.into_inner().slot);
+            return;
+        }
+    }
+}
+
+fn read_loop<D: Device>(
+    ring: &Ring<D>,
+    order: &[u64],
+    batch_size: u64,
+    cancel: &AtomicBool,
+    job_rx: &Receiver<Job>,
+    msg_tx: &Sender<Msg>,
+) {
+    loop {
+        // A reader without a job waits for the consumer to give a slot back.
+        let waited = Instant::now();
+        let job = job_rx.recv();
+        add_since(&ring.counters.ring_wait_ns, waited);
+        let Ok(job) = job else { return };
+        if cancel.load(Ordering::Relaxed) {
+            ring.release(job.slot);
+            continue;
+        }
+        match fill(ring, order, batch_size, &job) {
+            Ok(()) => {
+                let ready = Msg::Ready {
+                    seq: job.seq,
+                    slot: job.slot,
+                };
+                if msg_tx.send(ready).is_err() {
+                    ring.release(job.slot);
+                }
+            }
+            Err(e) => {
+                cancel.store(true, Ordering::Relaxed);
+                ring.release(job.slot);
+                let _ = msg_tx.send(Msg::Failed(e));
+            }
+        }
+    }
+}
+
+/// Reads one batch of every source into its slot's host buffer and enqueues the device copy.
+fn fill<D: Device>(
+    ring: &Ring<D>,
+    order: &[u64],
+    batch_size: u64,
+    job: &Job,
+) -> Result<(), StreamError> {
+    let slot = &ring.slots[job.slot];
+    let (start, end) = batch_range(job.seq, batch_size, order.len());
+    let rows = &order[start..end];
+    let device = &ring.device;
+    // The host buffer may still be the source of this slot's previous copy.
+    let waited = Instant::now();
+    let synced = device.event_synchronize(&slot.copied);
+    add_since(&ring.counters.ring_wait_ns, waited);
+    synced?;
+    let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
+    let buf = host.as_mut();
+    let mut used = 0;
+    let read = Instant::now();
+    for ((source, &offset), resident) in ring.sources.iter().zip(&ring.offsets).zip(&ring.resident)
+    {
+        // Fits: the slot was sized for a full batch of every source.
+        let row_bytes = source.row_bytes as usize;
+        let mut k = 0;
+        while k < rows.len() {
+            // One read per run of consecutive rows: a whole batch when not shuffled.
+            let first = rows[k];
+            let mut n = 1;
+            while k + n < rows.len() && rows[k + n] == first + n as u64 {
+                n += 1;
+            }
+            let dst = &mut buf[offset + k * row_bytes..offset + (k + n) * row_bytes];
+            if let Some(data) = &resident {
+                // Inside: `first + n` rows of the source fit in its data.
+                let start = first as usize * row_bytes;
+                dst.copy_from_slice(&data[start..start + n * row_bytes]);
+            } else if let Err(e) = source.read_rows(dst, first) {
+                add_since(&ring.counters.storage_ns, read);
+                return Err(e);
+            }
+            k += n;
+        }
+        used = offset + rows.len() * row_bytes;
+    }
+    add_since(&ring.counters.storage_ns, read);
+    // The device buffer may still be in use by the consumer's work on the slot's last batch.
+    device.stream_wait(StreamKind::Copy, &slot.consumed)?;
+    // SAFETY: the slot belongs to this job until the consumer drops the batch, which comes
+    // after `copied` (recorded next) is handed over with it; the next writer of `host` waits
+    // for `copied` above and the next copy into `device` follows this one on the copy stream.
+    // `used` is at most the slot's size.
+    unsafe { device.copy_to_device_async(&host, &slot.device, used)? };
+    device.record(&slot.copied, StreamKind::Copy)?;
+    Ok(())
+}
+
+/// A batch in the consumer's hands: one part per source, rows aligned. Dropping it gives its
+/// slot back to the ring; it keeps the ring (and so its memory) alive meanwhile.
+pub struct LoadedBatch<D: Device> {
+    ring: Arc<Ring<D>>,
+    slot: usize,
+    seq: u64,
+    epoch: u64,
+    rows: Vec<u64>,
+    parts: Vec<Part>,
+    consumed_recorded: bool,
+}
+
+impl<D: Device> LoadedBatch<D> {
+    /// Position in the epoch, from 0.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The source rows in the batch, in order.
+    pub fn rows(&self) -> &[u64] {
+        &self.rows
+    }
+
+    /// One part per source.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// The device the batch is on.
+    pub fn device(&self) -> &Arc<D> {
+        &self.ring.device
+    }
+
+    /// The slot's device buffer; parts lie at their offsets once [`Self::ready_event`] completed.
+    pub fn device_buffer(&self) -> &D::DeviceBuffer {
+        &self.ring.slots[self.slot].device
+    }
+
+    /// Address of the slot's host buffer, where the readers wrote the batch (a [`crate::CpuDevice`]
+    /// consumer reads the parts there; valid while the batch is held).
+    pub fn host_ptr(&self) -> *const u8 {
+        self.ring.slots[self.slot].host_ptr as *const u8
+    }
+
+    /// The event that completes when the batch's copy to the device is done.
+    pub fn ready_event(&self) -> &D::Event {
+        &self.ring.slots[self.slot].copied
+    }
+
+    /// The event the next copy into this slot waits for. A consumer that used the batch on a
+    /// stream of its own records it there itself and then calls [`Self::mark_consumed_recorded`].
+    pub fn consumed_event(&self) -> &D::Event {
+        &self.ring.slots[self.slot].consumed
+    }
+
+    /// Tells the batch that its consumed event was recorded on the consumer's own stream, so
+    /// dropping it must not record it again on the device's consumer stream.
+    pub fn mark_consumed_recorded(&mut self) {
+        self.consumed_recorded = true;
+    }
+
+    /// Makes the device's consumer stream wait for the batch (does not block the host).
+    pub fn wait_on_consumer_stream(&self) -> Result<(), StreamError> {
+        Ok(self
+            .ring
+            .device
+            .stream_wait(StreamKind::Consumer, self.ready_event())?)
+    }
+
+    /// Blocks until the batch is on the device; the time counts as the consumer waiting.
+    pub fn synchronize(&self) -> Result<(), StreamError> {
+        let waited = Instant::now();
+        let result = self.ring.device.event_synchronize(self.ready_event());
+        add_since(&self.ring.counters.consumer_wait_ns, waited);
+        Ok(result?)
+    }
+
+    /// Bytes of part `i` as the readers wrote them into the host buffer.
+    pub fn host_part(&self, i: usize) -> &[u8] {
+        let p = &self.parts[i];
+        // SAFETY: the part lies inside the slot's host buffer, which lives as long as the ring
+        // (kept alive by `self`) and is not written again until this batch is dropped.
+        unsafe { std::slice::from_raw_parts(self.host_ptr().add(p.offset), p.len) }
+    }
+}
+
+impl<D: Device> Drop for LoadedBatch<D> {
+    fn drop(&mut self) {
+        let ring = &self.ring;
+        if !self.consumed_recorded {
+            if let Err(e) = ring
+                .device
+                .record(&ring.slots[self.slot].consumed, StreamKind::Consumer)
+            {
+                tracing::warn!("recording the release of batch {} failed: {e}", self.seq);
+            }
+        }
+        ring.held.fetch_sub(1, Ordering::AcqRel);
+        ring.release(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distributed_order_matches_distributed_sampler_without_shuffle() {
+        // torch.utils.data.DistributedSampler(range(10), num_replicas=3, rank=r, shuffle=False)
+        assert_eq!(epoch_order(10, false, 0, 0, 0, 3), [0, 3, 6, 9]);
+        assert_eq!(epoch_order(10, false, 0, 0, 1, 3), [1, 4, 7, 0]);
+        assert_eq!(epoch_order(10, false, 0, 0, 2, 3), [2, 5, 8, 1]);
+        // Fewer rows than ranks: padding wraps around more than once.
+        assert_eq!(epoch_order(2, false, 0, 0, 4, 5), [0]);
+    }
+
+    #[test]
+    fn shuffled_ranks_are_disjoint_complete_and_seeded() {
+        let n = 1000;
+        let mut all: Vec<u64> = (0..4)
+            .flat_map(|r| epoch_order(n, true, 7, 3, r, 4))
+            .collect();
+        assert_eq!(
+            epoch_order(n, true, 7, 3, 1, 4),
+            epoch_order(n, true, 7, 3, 1, 4)
+        );
+        assert_ne!(
+            epoch_order(n, true, 7, 3, 1, 4),
+            epoch_order(n, true, 7, 4, 1, 4)
+        );
+        assert_ne!(
+            epoch_order(n, true, 7, 3, 1, 4),
+            epoch_order(n, true, 8, 3, 1, 4)
+        );
+        all.sort_unstable();
+        assert_eq!(all, (0..n).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,392 @@
+//! The cache store without FUSE: blocks round-trip through segments and own files, checksums
+//! catch corruption, the index survives remounts and kills, capacity and pins hold.
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use stagefs_prefetch::store::OPEN_DATA_FILES;
+use stagefs_prefetch::{
+    block_count, block_len, CacheStore, KeyKind, Loaded, Stats, StoreConfig, Version, BLOCK_SIZE,
+};
+
+const MB: u64 = BLOCK_SIZE;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn open(dir: &Path, capacity: u64) -> (Arc<CacheStore>, Loaded, Arc<Stats>) {
+    let stats = Arc::new(Stats::default());
+    let (s, loaded) = CacheStore::open(
+        &StoreConfig {
+            dir: dir.to_path_buf(),
+            capacity,
+        },
+        stats.clone(),
+    )
+    .unwrap();
+    (Arc::new(s), loaded, stats)
+}
+
+fn v(size: u64, mtime_ns: i64) -> Version {
+    Version {
+        size,
+        mtime_ns,
+        ino: 7,
+    }
+}
+
+/// Creates a raw entry for a file of `data` and stores all of its blocks.
+fn put(s: &CacheStore, key: &str, data: &[u8], own: bool, owner: u32) -> u32 {
+    let size = data.len() as u64;
+    let id = s.create(
+        KeyKind::Raw,
+        key.as_bytes(),
+        v(size, 1),
+        block_count(size) as u32,
+        own,
+        owner,
+    );
+    for b in 0..block_count(size) {
+        let lo = (b * MB) as usize;
+        let hi = lo + block_len(size, b) as usize;
+        assert!(s.insert(id, b as u32, &data[lo..hi]));
+    }
+    id
+}
+
+fn files_under(dir: &Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn blocks_round_trip_packed_and_in_own_files_across_a_remount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let small = pattern(1, 100_000);
+    let large = pattern(2, (5 * MB + 1234) as usize);
+    {
+        let (s, loaded, _) = open(tmp.path(), 1 << 30);
+        assert!(loaded.entries.is_empty());
+        let a = put(&s, "d/small.jpg", &small, false, 11);
+        let b = put(&s, "d/large.bin", &large, true, 12);
+        assert_eq!(&s.read(a, 0).unwrap()[..], &small[..]);
+        assert_eq!(&s.read(b, 5).unwrap()[..], &large[5 * MB as usize..]);
+        assert!(s.is_complete(a) && s.is_complete(b));
+        s.set_snapshot(42).unwrap();
+        s.close().unwrap();
+    }
+    let (s, loaded, stats) = open(tmp.path(), 1 << 30);
+    assert_eq!(loaded.snapshot, 42);
+    assert_eq!(loaded.entries.len(), 2);
+    let by_key = |k: &str| {
+        loaded
+            .entries
+            .iter()
+            .find(|e| e.key == k.as_bytes())
+            .unwrap()
+    };
+    let a = by_key("d/small.jpg");
+    assert_eq!((a.owner, a.version, a.slots), (11, v(100_000, 1), 1));
+    let b = by_key("d/large.bin");
+    assert_eq!(&s.read(a.id, 0).unwrap()[..], &small[..]);
+    for blk in 0..6u32 {
+        let lo = blk as usize * MB as usize;
+        let hi = (lo + MB as usize).min(large.len());
+        assert_eq!(&s.read(b.id, blk).unwrap()[..], &large[lo..hi]);
+    }
+    assert_eq!(
+        stats
+            .files_staged
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    // The large file is an exact copy, usable by passthrough once verified in this mount.
+    assert!(s.pin_passthrough(b.id).is_none(), "not verified yet");
+    assert!(s.verify(b.id));
+    let f = s.pin_passthrough(b.id).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), large.len() as u64);
+    let mut copy = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut copy).unwrap();
+    assert!(copy == large);
+    s.unpin(b.id);
+}
+
+#[test]
+fn small_files_are_packed_one_scratch_file_per_hundreds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, _) = open(tmp.path(), 1 << 30);
+    let before = files_under(tmp.path());
+    for i in 0..2000u32 {
+        put(
+            &s,
+            &format!("c{}/img{i}.jpg", i % 10),
+            &pattern(u64::from(i), 3000),
+            false,
+            i,
+        );
+    }
+    s.flush().unwrap();
+    let after = files_under(tmp.path());
+    assert!(
+        after - before <= 2000 / 100,
+        "{} scratch files for 2000 small files",
+        after - before
+    );
+}
+
+#[test]
+fn corrupted_block_is_a_miss_never_wrong_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, stats) = open(tmp.path(), 1 << 30);
+    let data = pattern(3, 50_000);
+    let id = put(&s, "x", &data, false, 0);
+    s.flush().unwrap();
+    // Flip a byte in the (only) segment file.
+    let seg = fs::read_dir(tmp.path().join("v2/segments"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes[100] ^= 0xff;
+    fs::write(&seg, &bytes).unwrap();
+    assert!(s.read(id, 0).is_none());
+    assert_eq!(
+        stats
+            .corrupt_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(!s.contains(id, 0), "the bad block is dropped");
+    assert!(s.insert(id, 0, &data), "and can be fetched again");
+    assert_eq!(&s.read(id, 0).unwrap()[..], &data[..]);
+}
+
+#[test]
+fn blocks_cached_after_the_last_flush_are_forgotten_not_corrupt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = pattern(4, 3 * MB as usize);
+    {
+        let (s, _, _) = open(tmp.path(), 1 << 30);
+        let id = s.create(KeyKind::Raw, b"f", v(3 * MB, 1), 3, true, 0);
+        assert!(s.insert(id, 0, &data[..MB as usize]));
+        s.flush().unwrap();
+        assert!(s.insert(id, 1, &data[MB as usize..2 * MB as usize]));
+        // Killed here: block 1 is on scratch but not in the index.
+        std::mem::forget(s);
+    }
+    let (s, loaded, stats) = open(tmp.path(), 1 << 30);
+    let e = &loaded.entries[0];
+    assert_eq!(e.present, 1);
+    assert_eq!(&s.read(e.id, 0).unwrap()[..], &data[..MB as usize]);
+    assert!(s.read(e.id, 1).is_none());
+    assert_eq!(
+        stats
+            .corrupt_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn torn_index_tail_keeps_every_record_before_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let (s, _, _) = open(tmp.path(), 1 << 30);
+        for i in 0..10u32 {
+            put(&s, &format!("f{i}"), &pattern(u64::from(i), 1000), false, i);
+        }
+        s.close().unwrap();
+    }
+    let log = tmp.path().join("v2/index.log");
+    let len = fs::metadata(&log).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.set_len(len - 5).unwrap(); // tear the last record
+    drop(f);
+    let (s, loaded, _) = open(tmp.path(), 1 << 30);
+    // The last block record is gone; everything before it is served.
+    let present: u32 = loaded.entries.iter().map(|e| e.present).sum();
+    assert_eq!(present, 9);
+    for e in &loaded.entries {
+        let i: u64 = std::str::from_utf8(&e.key).unwrap()[1..].parse().unwrap();
+        if let Some(b) = s.read(e.id, 0) {
+            assert_eq!(&b[..], &pattern(i, 1000)[..]);
+        }
+    }
+}
+
+#[test]
+fn capacity_holds_with_lru_eviction_and_empty_segments_are_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, stats) = open(tmp.path(), 4 * MB);
+    let mut ids = Vec::new();
+    for i in 0..40u32 {
+        ids.push(put(
+            &s,
+            &format!("f{i}"),
+            &pattern(u64::from(i), 400_000),
+            false,
+            i,
+        ));
+        assert!(s.used() <= 4 * MB);
+    }
+    // The most recent files are there, the oldest evicted.
+    assert!(s.contains(ids[39], 0));
+    assert!(!s.contains(ids[0], 0));
+    assert!(
+        stats
+            .blocks_evicted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    // Touching an old-but-present file keeps it over newer ones.
+    let keep = ids.iter().position(|id| s.contains(*id, 0)).unwrap();
+    assert!(s.read(ids[keep], 0).is_some());
+    for i in 40..45u32 {
+        put(
+            &s,
+            &format!("f{i}"),
+            &pattern(u64::from(i), 400_000),
+            false,
+            i,
+        );
+    }
+    assert!(s.contains(ids[keep], 0));
+}
+
+#[test]
+fn lower_capacity_at_remount_evicts_down_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let (s, _, _) = open(tmp.path(), 100 * MB);
+        for i in 0..20u32 {
+            put(
+                &s,
+                &format!("f{i}"),
+                &pattern(u64::from(i), MB as usize),
+                false,
+                i,
+            );
+        }
+        s.close().unwrap();
+    }
+    let (s, loaded, _) = open(tmp.path(), 5 * MB);
+    assert!(s.used() <= 5 * MB);
+    let present: u32 = loaded.entries.iter().map(|e| e.present).sum();
+    assert!(present <= 5 && present > 0);
+}
+
+#[test]
+fn pinned_entry_survives_eviction_pressure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, _) = open(tmp.path(), 12 * MB);
+    let big = pattern(9, 6 * MB as usize);
+    let id = put(&s, "big", &big, true, 0);
+    assert!(s.verify(id));
+    let _f = s.pin_passthrough(id).unwrap();
+    for i in 0..20u32 {
+        put(
+            &s,
+            &format!("f{i}"),
+            &pattern(u64::from(i), MB as usize),
+            false,
+            i,
+        );
+    }
+    assert!(
+        s.is_complete(id),
+        "a passthrough file lost blocks to eviction"
+    );
+    s.unpin(id);
+    for i in 20..40u32 {
+        put(
+            &s,
+            &format!("f{i}"),
+            &pattern(u64::from(i), MB as usize),
+            false,
+            i,
+        );
+    }
+    assert!(!s.is_complete(id), "unpinned, it is evictable again");
+}
+
+#[test]
+fn forgotten_entry_is_gone_after_remount() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let (s, _, _) = open(tmp.path(), 1 << 30);
+        let a = put(&s, "a", &pattern(1, 5000), false, 0);
+        put(&s, "b", &pattern(2, 5000), false, 1);
+        s.forget(a);
+        assert!(s.read(a, 0).is_none());
+        s.close().unwrap();
+    }
+    let (_, loaded, _) = open(tmp.path(), 1 << 30);
+    let keys: Vec<_> = loaded.entries.iter().map(|e| e.key.clone()).collect();
+    assert_eq!(keys, vec![b"b".to_vec()]);
+}
+
+#[test]
+fn index_of_another_format_is_discarded() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir_all(tmp.path().join("v2")).unwrap();
+    fs::write(
+        tmp.path().join("v2/index.log"),
+        b"{\"format\": 1}\n garbage",
+    )
+    .unwrap();
+    let (s, loaded, _) = open(tmp.path(), 1 << 30);
+    assert!(loaded.entries.is_empty());
+    let id = put(&s, "a", &pattern(1, 10), false, 0);
+    assert!(s.read(id, 0).is_some());
+}
+
+#[test]
+fn turn_one_cache_format_is_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir_all(tmp.path().join("v1/ab")).unwrap();
+    fs::write(tmp.path().join("v1/ab/0000.data"), b"x").unwrap();
+    let _ = open(tmp.path(), 1 << 30);
+    assert!(!tmp.path().join("v1").exists());
+}
+
+#[test]
+fn regression_many_small_files_do_not_exhaust_descriptors() {
+    // Turn 1 kept one descriptor per cached file (EMFILE after ~1000 files).
+    let fds = || fs::read_dir("/proc/self/fd").unwrap().count();
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, _) = open(tmp.path(), 1 << 30);
+    let before = fds();
+    for i in 0..3 * OPEN_DATA_FILES as u32 {
+        let id = put(&s, &format!("c/{i}"), &[i as u8; 100], false, i);
+        assert!(s.read(id, 0).is_some());
+    }
+    assert!(
+        fds() <= before + 8,
+        "descriptors grew from {before} to {}",
+        fds()
+    );
+}

@@ -1,0 +1,31 @@
+"""Shared by the Python tests: modules that mount FUSE are skipped, with the reason, where this
+machine cannot mount (no /dev/fuse, or no fusermount3 for a normal user)."""
+
+import os
+import shutil
+
+import pytest
+
+# Test modules that mount stagefs.
+NEEDS_FUSE = {"test_mount_views", "test_loader_mount"}
+
+
+def fuse_missing():
+    """Why FUSE mounts cannot work here, or None."""
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        return f"/dev/fuse cannot be opened ({e.strerror}); install fuse3"
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (package fuse3)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = fuse_missing()
+    if why is None:
+        return
+    skip = pytest.mark.skip(reason=f"skipped: needs FUSE: {why}")
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in NEEDS_FUSE:
+            item.add_marker(skip)
