@@ -35,7 +35,7 @@ fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     }
     let path = scratch();
     std::fs::write(path, data).expect("write scratch file");
-    let Ok(input) = open_input(path) else { return };
+    let Ok(input) = open_input(path, 1 << 20) else { return };
     assert_eq!(input.kind, Kind::Csv);
     let Ok(schema) = unify_schemas(std::slice::from_ref(&input)) else {
         return;
