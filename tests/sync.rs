@@ -11,6 +11,54 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
+/// A temporary name as a sync on this node writes it, for writer `pid` (see stagefs_sync::temp).
+fn temp_of_this_node(pid: u32, name: &str) -> String {
+    let boot: String = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    let ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let ns: String = ns
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    format!(".stagefs-tmp.thishost.{boot}-{ns}.{pid}.12345.0123456789abcdef.{name}")
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The uid of a test account, or None (with a note) when the test cannot switch users.
+fn test_user(name: &str) -> Option<u32> {
+    if !is_root() {
+        eprintln!("skipped: needs root to act as the test users");
+        return None;
+    }
+    let o = Command::new("id").args(["-u", name]).output().unwrap();
+    assert!(
+        o.status.success(),
+        "user {name} is missing (.ci/run creates it: useradd --create-home {name})"
+    );
+    Some(String::from_utf8_lossy(&o.stdout).trim().parse().unwrap())
+}
+
+/// `cmd` run as `uid` (its group is the same number, as useradd makes it).
+fn as_user(uid: u32, cmd: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+        cmd.into(),
+    ]);
+    c
+}
+
 fn sync(src: &Path, dst: &Path, extra: &[&str]) -> Output {
     Command::new(BIN)
         .arg("sync")
@@ -102,13 +150,15 @@ fn delete_removes_extras_and_leftover_temporaries_are_cleaned() {
     std::fs::create_dir_all(dst.join("gone/deep")).unwrap();
     std::fs::write(dst.join("gone/deep/g"), b"g").unwrap();
     std::fs::write(dst.join("old"), b"o").unwrap();
-    // A temporary from a crashed run (pid that cannot exist: above pid_max's 2^22 limit).
-    std::fs::write(dst.join(".stagefs-tmp.99999999.0.old"), b"partial").unwrap();
+    // A temporary from a crashed run on this node (pid that cannot exist: above pid_max's 2^22
+    // limit).
+    let leftover = temp_of_this_node(99_999_999, "old");
+    std::fs::write(dst.join(&leftover), b"partial").unwrap();
 
     let o = sync(&src, &dst, &[]);
     assert!(o.status.success());
     assert!(dst.join("old").exists(), "without --delete extras stay");
-    assert!(!dst.join(".stagefs-tmp.99999999.0.old").exists());
+    assert!(!dst.join(&leftover).exists());
     assert!(
         stderr(&o).contains("1 leftover temporaries removed"),
         "{}",
@@ -277,8 +327,335 @@ fn type_changes_replace_the_destination_entry() {
     std::fs::write(src.join("y"), b"now a file").unwrap();
     std::fs::create_dir_all(dst.join("y/old")).unwrap();
     std::fs::write(dst.join("x"), b"was a file").unwrap();
-    let o = sync(&src, &dst, &[]);
+    // A directory in DST is only removed for a file with --delete (see
+    // sync_without_delete_keeps_directory_in_the_way_of_a_file).
+    let o = sync(&src, &dst, &["--delete"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(dst.join("x/inner")).unwrap(), b"i");
     assert_eq!(std::fs::read(dst.join("y")).unwrap(), b"now a file");
+}
+
+/// Issue 10, item 5: `sync SRC DST --delete` with SRC inside DST deleted SRC itself and the
+/// rest of DST. Now refused, with nothing touched; without --delete it runs and never writes
+/// into or over SRC.
+#[test]
+fn sync_delete_refuses_src_inside_dst() {
+    let t = tempfile::tempdir().unwrap();
+    let dst = t.path().join("dst");
+    let src = dst.join("out");
+    std::fs::create_dir_all(src.join("out")).unwrap();
+    std::fs::write(src.join("model.pt"), b"weights").unwrap();
+    // An entry named like SRC's own directory: its copy would land inside SRC.
+    std::fs::write(src.join("out/inner"), b"inner").unwrap();
+    std::fs::write(dst.join("earlier-run.log"), b"keep me").unwrap();
+
+    let o = sync(&src, &dst, &["--delete"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("lies inside destination"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(src.join("model.pt")).unwrap(), b"weights");
+    assert_eq!(
+        std::fs::read(dst.join("earlier-run.log")).unwrap(),
+        b"keep me"
+    );
+
+    let o = sync(&src, &dst, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(dst.join("model.pt")).unwrap(), b"weights");
+    assert!(
+        stderr(&o).contains("is the source directory"),
+        "{}",
+        stderr(&o)
+    );
+    // SRC is as it was: nothing written into it (no dst/out/inner copied over SRC/inner).
+    let mut names: Vec<_> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["model.pt", "out"]);
+    assert_eq!(
+        std::fs::read(dst.join("earlier-run.log")).unwrap(),
+        b"keep me"
+    );
+
+    // DST inside SRC stays refused, with or without --delete.
+    for extra in [&[][..], &["--delete"][..]] {
+        let o = sync(&dst, &src.join("x"), extra);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("inside source"), "{}", stderr(&o));
+    }
+}
+
+/// Issue 10, item 6: sync deleted any file in DST named `.stagefs-tmp.*`, even without
+/// --delete, and skipped such files in SRC. Only names of stagefs's exact pattern are
+/// temporaries now.
+#[test]
+fn sync_removes_only_its_own_temporaries() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(src.join(".stagefs-tmp.notes"), b"a user's file in SRC").unwrap();
+    for name in [
+        ".stagefs-tmp.mine",
+        ".stagefs-tmp.1.2.3",
+        ".stagefs-tmp.1.2.",
+    ] {
+        std::fs::write(dst.join(name), b"a user's file in DST").unwrap();
+    }
+    let ours = temp_of_this_node(99_999_999, "ckpt.pt");
+    std::fs::write(dst.join(&ours), b"partial").unwrap();
+    let o = sync(&src, &dst, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !dst.join(&ours).exists(),
+        "a crashed run's temporary is removed"
+    );
+    for name in [".stagefs-tmp.mine", ".stagefs-tmp.1.2."] {
+        assert_eq!(
+            std::fs::read(dst.join(name)).unwrap(),
+            b"a user's file in DST",
+            "{name}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(dst.join(".stagefs-tmp.notes")).unwrap(),
+        b"a user's file in SRC"
+    );
+    // `.stagefs-tmp.1.2.3` has an old version's (pid.seq.name) shape: kept until it is an
+    // hour old, even with --delete; the others are no temporaries, and --delete removes them
+    // as it removes any file SRC lacks.
+    let o = sync(&src, &dst, &["--delete"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dst.join(".stagefs-tmp.1.2.3").exists());
+    assert!(!dst.join(".stagefs-tmp.mine").exists());
+    assert!(dst.join(".stagefs-tmp.notes").exists());
+}
+
+/// Issue 10: two nodes syncing into one DST judged each other's temporaries by a pid on their
+/// own node, and deleted live ones. A temporary written on another node (another boot id or
+/// pid namespace) is left alone while it is young, whatever its pid means here.
+#[test]
+fn sync_keeps_live_temporaries_of_another_node() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(src.join("ckpt.pt"), b"from this node").unwrap();
+    // Node B's copy of the same file, in progress: its pid 99999999 cannot exist here.
+    let theirs =
+        ".stagefs-tmp.nodeb.fedcba9876543210-4026531836.99999999.777.00112233445566ff.ckpt.pt";
+    std::fs::write(dst.join(theirs), b"node B, half written").unwrap();
+    for extra in [&[][..], &["--delete"][..]] {
+        let o = sync(&src, &dst, extra);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("0 leftover temporaries removed"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(
+        std::fs::read(dst.join(theirs)).unwrap(),
+        b"node B, half written"
+    );
+    assert_eq!(
+        std::fs::read(dst.join("ckpt.pt")).unwrap(),
+        b"from this node"
+    );
+
+    // Two real passes at once into one DST, each in its own pid namespace (to each other, two
+    // nodes): neither removes the other's temporaries, so neither fails a rename.
+    if !is_root() {
+        eprintln!("skipped the concurrent part: unshare --pid needs root");
+        return;
+    }
+    let run = |jobs: &str| {
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc"])
+            .arg(BIN)
+            .arg("sync")
+            .arg(&src)
+            .arg(&dst)
+            .args(["-q", "-j", jobs])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    const SIZE: usize = 32 << 20;
+    for round in 0..2u8 {
+        // New versions of every file, so that both passes copy all of them.
+        for i in 0..4u8 {
+            let p = src.join(format!("big{i}"));
+            std::fs::write(&p, vec![i ^ round; SIZE]).unwrap();
+            let f = std::fs::File::options().write(true).open(&p).unwrap();
+            let when = std::time::SystemTime::now() - Duration::from_secs(10 + u64::from(round));
+            f.set_modified(when).unwrap();
+        }
+        // A copies one file at a time; B starts (and plans) once A's first temporary is in
+        // DST, so B's plan meets A's live temporary. Both pass pid 1 in their namespaces.
+        let a = run("1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_dir(&dst).unwrap().any(|e| {
+            let n = e.unwrap().file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(".stagefs-tmp.") && n.contains(".big")
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "A never started copying"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let b = run("4");
+        for (who, c) in [("A", a), ("B", b)] {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "round {round}, {who}: {}", stderr(&o));
+        }
+        assert_eq!(
+            std::fs::read(dst.join("big2")).unwrap(),
+            vec![2 ^ round; SIZE]
+        );
+    }
+}
+
+/// Issue 10, item 6: sync opened SRC files by path after planning, so a symlink swapped in
+/// mid-run was followed (a root-run sync copied /etc/shadow into DST). Two real users: the
+/// victim syncs a SRC that holds a shared drop directory (sticky, world-writable, as shared
+/// scratch dirs are); the attacker swaps their file there for a symlink to the victim's
+/// private file while the pass runs.
+#[test]
+fn sync_does_not_follow_symlink_swapped_in_mid_run() {
+    let (Some(victim), Some(attacker)) = (test_user("stagefs-test"), test_user("stagefs-test2"))
+    else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    std::fs::set_permissions(base, PermissionsExt::from_mode(0o755)).unwrap();
+    let bin = base.join("stagefs");
+    std::fs::copy(BIN, &bin).unwrap();
+    let (src, dst, private) = (base.join("src"), base.join("dst"), base.join("private"));
+    std::fs::create_dir_all(src.join("shared")).unwrap();
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(private.join("secret"), b"VICTIM SECRET").unwrap();
+    std::fs::set_permissions(private.join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+    // First in plan order and never settling: holds the pass in its copy for ~8 s.
+    std::fs::write(src.join("a_busy.log"), b"busy").unwrap();
+    for p in [
+        &src,
+        &dst,
+        &private,
+        &private.join("secret"),
+        &src.join("a_busy.log"),
+    ] {
+        std::os::unix::fs::chown(p, Some(victim), Some(victim)).unwrap();
+    }
+    std::fs::set_permissions(src.join("shared"), PermissionsExt::from_mode(0o1777)).unwrap();
+    let drop_file = src.join("shared/drop.txt");
+    let o = as_user(attacker, "sh")
+        .arg("-c")
+        .arg(format!("echo harmless > {}", drop_file.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, busy) = (Arc::clone(&stop), src.join("a_busy.log"));
+        std::thread::spawn(move || {
+            use std::io::Write;
+            while !stop.load(Ordering::Relaxed) {
+                let mut f = std::fs::File::options().append(true).open(&busy).unwrap();
+                f.write_all(b".").unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let child = as_user(victim, bin.to_str().unwrap())
+        .arg("sync")
+        .arg(&src)
+        .arg(&dst)
+        .args(["-j", "1"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Planning takes milliseconds; the busy file holds the pass for seconds after it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let swap = format!(
+        "cd {} && ln -s {} drop.new && mv -fT drop.new drop.txt",
+        src.join("shared").display(),
+        private.join("secret").display()
+    );
+    let o = as_user(attacker, "sh")
+        .arg("-c")
+        .arg(&swap)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "swap failed: {}", stderr(&o));
+    let out = child.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let err = stderr(&out);
+    let copied = std::fs::read(dst.join("shared/drop.txt")).ok();
+    assert_ne!(copied.as_deref(), Some(&b"VICTIM SECRET"[..]), "{err}");
+    assert!(
+        err.contains("shared/drop.txt: a symlink is now on its path"),
+        "the swap did not land between planning and copying: {err}"
+    );
+    assert!(copied.is_none(), "{err}");
+}
+
+/// A sync run as root would have copied a user's setuid bit onto a root-owned copy: a
+/// root-owned setuid program of the user's making. Copies never carry setuid/setgid.
+#[test]
+fn sync_as_root_never_creates_setuid_files() {
+    let Some(user) = test_user("stagefs-test") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    let prog = src.join("prog");
+    std::fs::write(&prog, b"#!/bin/sh\nid\n").unwrap();
+    std::os::unix::fs::chown(&prog, Some(user), Some(user)).unwrap();
+    std::fs::set_permissions(&prog, PermissionsExt::from_mode(0o6755)).unwrap();
+    let o = sync(&src, &dst, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = std::fs::metadata(dst.join("prog")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o755);
+    assert_eq!(m.uid(), 0);
+    // And the next pass does not copy it again for the missing bits.
+    let o = sync(&src, &dst, &[]);
+    assert!(stderr(&o).contains("1 unchanged"), "{}", stderr(&o));
+}
+
+/// Without --delete, a directory in DST is never removed to make room for a file: it may hold
+/// files synced earlier that SRC no longer has. The path fails, named, and nothing is lost.
+#[test]
+fn sync_without_delete_keeps_directory_in_the_way_of_a_file() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("results"), b"now a file").unwrap();
+    std::fs::write(src.join("other"), b"o").unwrap();
+    std::fs::create_dir_all(dst.join("results")).unwrap();
+    std::fs::write(dst.join("results/epoch1.json"), b"synced yesterday").unwrap();
+    let o = sync(&src, &dst, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not removed without --delete"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read(dst.join("results/epoch1.json")).unwrap(),
+        b"synced yesterday"
+    );
+    assert_eq!(std::fs::read(dst.join("other")).unwrap(), b"o");
 }

@@ -18,7 +18,13 @@ const SYNC_HELP: &str = concat!(
     "is its complete old or complete new version, and running the same command again finishes the\n",
     "job and removes the temporaries. A file that changes while it is being copied (a checkpoint\n",
     "still being written) is retried rather than copied torn. Symlinks are copied as symlinks;\n",
-    "mode and mtime are kept (owner is not).\n",
+    "mode (without setuid/setgid) and mtime are kept (owner is not).\n",
+    "\n",
+    "Nothing outside SRC is copied: SRC is read without following any symlink in it, and a\n",
+    "symlink, FIFO or another owner's file swapped in after planning is skipped and named.\n",
+    "Without --delete nothing in DST is removed but stagefs's own stale temporaries (exact name\n",
+    "pattern; another node's only after an hour without change). SRC inside DST is refused\n",
+    "with --delete, DST inside SRC always.\n",
     "\n",
     "Example, in a job: `stagefs sync $SCRATCH/out /bigdata/runs/$SLURM_JOB_ID --every 10m &`\n",
     "(or let `stagefs run --sync` do it).\n",
@@ -39,7 +45,8 @@ pub struct Args {
     /// Also compare the contents of files whose size and mtime match (reads both copies).
     #[arg(long)]
     pub verify: bool,
-    /// Delete files and directories in DST that SRC does not have.
+    /// Delete files and directories in DST that SRC does not have (refused when SRC lies
+    /// inside DST).
     #[arg(long)]
     pub delete: bool,
     /// Files copied in parallel (I/O-bound: more than the cores helps) [default: 16].

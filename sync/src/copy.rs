@@ -6,6 +6,16 @@
 //! fsync only makes it durable, and one per directory instead of one per file keeps many small
 //! files fast).
 //!
+//! Opening: the source is opened beneath the planned SRC root without following any symlink
+//! ([`crate::beneath`]) and the descriptor is checked against the plan before a byte is
+//! copied: it must be a regular file, and the same inode as planned. A symlink, FIFO, device
+//! or directory swapped in after planning is skipped (the next pass plans it afresh: a link is
+//! then copied as a link). A file replaced by another regular file — a checkpoint saved by
+//! write-and-rename, the usual way — is copied as a new version only if it has the planned
+//! file's owner, so a file of another user swapped in (a root-run sync, a shared SRC
+//! directory) is never copied in its place; it must settle on its own (its planning stamp is
+//! not its witness).
+//!
 //! Torn-write detection: the source is fstat'ed before and after the copy; size, mtime, ctime
 //! and inode must not change and the byte count must equal the size. Two gaps remain, and both
 //! are closed by copying a file only once its stamp has "settled": its mtime is more than
@@ -21,12 +31,15 @@
 //! A file that keeps changing is retried [`MAX_ATTEMPTS`] times, then reported as failed; the
 //! destination keeps its old, complete version and the next pass tries again.
 
+use crate::beneath;
 use crate::error::FileError;
 use crate::plan::DstKind;
 use crate::stamp::Stamp;
 use crate::temp;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -62,22 +75,44 @@ pub struct Copied {
 }
 
 /// Result of one file copy that did not fail.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Outcome {
     /// The new version is in place.
     Copied(Copied),
     /// The source disappeared before it could be copied (not an error: e.g. a rotated checkpoint).
     Vanished,
+    /// The path no longer holds the planned file in a way that may be copied (why): a symlink,
+    /// a FIFO or a file of another owner swapped in. Nothing was copied; the next pass plans it
+    /// afresh.
+    Skipped(String),
 }
 
-/// Removes a temporary on drop unless it was renamed into place.
-struct TempGuard(Option<PathBuf>);
+/// Attempts at an unused random temporary name (a collision means someone planted the name).
+const CREATE_TRIES: u32 = 4;
+
+/// A temporary of this process: held (see [`temp::hold`]) until renamed into place, removed on
+/// drop otherwise.
+struct TempGuard {
+    path: Option<PathBuf>,
+    name: OsString,
+}
+
+impl TempGuard {
+    fn new(dir: &Path, name: OsString) -> TempGuard {
+        temp::hold(&name);
+        TempGuard {
+            path: Some(dir.join(&name)),
+            name,
+        }
+    }
+}
 
 impl Drop for TempGuard {
     fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
+        if let Some(p) = self.path.take() {
             let _ = fs::remove_file(p);
         }
+        temp::release(&self.name);
     }
 }
 
@@ -91,15 +126,37 @@ fn split(dst: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
     }
 }
 
-fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(File, TempGuard), FileError> {
-    let path = dir.join(temp::temp_name(name));
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(FileError::io("create temporary in destination directory"))?;
-    Ok((file, TempGuard(Some(path))))
+fn create_temp(dir: &Path, name: &OsStr) -> Result<(File, TempGuard), FileError> {
+    let mut tries = 0;
+    loop {
+        let tmp = temp::temp_name(name);
+        // Held before it exists, so that no concurrent pass of this process judges it stale.
+        let guard = TempGuard::new(dir, tmp);
+        let path = dir.join(&guard.name);
+        // create_new is O_CREAT | O_EXCL: never opens an existing file or follows a symlink.
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(file) => return Ok((file, guard)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries + 1 < CREATE_TRIES => {
+                // Not ours: keep the guard from removing it.
+                let mut guard = guard;
+                guard.path = None;
+                tries += 1;
+            }
+            Err(e) => {
+                let mut guard = guard;
+                guard.path = None;
+                return Err(FileError::io("create temporary in destination directory")(
+                    e,
+                ));
+            }
+        }
+    }
 }
 
 /// Moves the temporary over `dst`, first removing a directory that occupies the name.
@@ -107,7 +164,7 @@ fn install(guard: &mut TempGuard, dst: &Path, kind: DstKind) -> Result<(), FileE
     if kind == DstKind::Dir {
         fs::remove_dir_all(dst).map_err(FileError::io("remove directory in the way"))?;
     }
-    let tmp = guard.0.take().ok_or(FileError::Io {
+    let tmp = guard.path.take().ok_or(FileError::Io {
         op: "rename into place",
         source: io::Error::other("temporary already consumed"),
     })?;
@@ -118,10 +175,27 @@ fn install(guard: &mut TempGuard, dst: &Path, kind: DstKind) -> Result<(), FileE
     Ok(())
 }
 
-/// Copies `src` to `dst` atomically. `planned`/`seen_at` are the stamp from planning and when
-/// it was taken; `progress` is called with byte counts as they are copied.
+/// Why an opened source may not be copied in place of the planned one, if it may not.
+fn refuse(opened: &Stamp, is_file: bool, planned: &Stamp) -> Option<String> {
+    if !is_file {
+        return Some("is no longer a regular file (swapped after planning); not copied".into());
+    }
+    if !opened.same_inode(planned) && opened.uid != planned.uid {
+        return Some(format!(
+            "was replaced after planning by a file of another owner (uid {}, planned uid {}); \
+             not copied",
+            opened.uid, planned.uid
+        ));
+    }
+    None
+}
+
+/// Copies the file `rel` beneath `root` (the source root opened for planning) to `dst`
+/// atomically. `planned`/`seen_at` are the stamp from planning and when it was taken;
+/// `progress` is called with byte counts as they are copied.
 pub fn copy_file(
-    src: &Path,
+    root: impl AsFd,
+    rel: &Path,
     dst: &Path,
     kind: DstKind,
     planned: Stamp,
@@ -136,11 +210,23 @@ pub fn copy_file(
             std::thread::sleep(backoff);
             backoff *= 2;
         }
-        let mut source = match File::open(src) {
+        let mut source = match beneath::open_file_beneath(root.as_fd(), rel) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Vanished),
+            Err(e) if beneath::is_not_followed(&e) => {
+                return Ok(Outcome::Skipped(
+                    "a symlink is now on its path (swapped in after planning); not followed".into(),
+                ))
+            }
             Err(e) => return Err(FileError::io("open source")(e)),
         };
+        let meta = source.metadata().map_err(FileError::io("stat source"))?;
+        let opened = Stamp::of(&meta);
+        if let Some(why) = refuse(&opened, meta.is_file(), &planned) {
+            return Ok(Outcome::Skipped(why));
+        }
+        // A new version (write-and-rename) is not witnessed by the planned stamp (settle
+        // compares whole stamps, inode included): it has to settle on its own.
         let Some(before) = settle(&source, &mut witness)? else {
             continue;
         };
@@ -165,7 +251,7 @@ pub fn copy_file(
         let times = FileTimes::new()
             .set_modified(before.mtime())
             .set_accessed(SystemTime::now());
-        tmp.set_permissions(Permissions::from_mode(before.mode))
+        tmp.set_permissions(Permissions::from_mode(before.copy_mode()))
             .map_err(FileError::io("set mode"))?;
         tmp.set_times(times).map_err(FileError::io("set mtime"))?;
         tmp.sync_all().map_err(FileError::io("fsync"))?;
@@ -214,9 +300,13 @@ fn settle(
 /// Makes `dst` a symlink to `target` atomically (link under a temporary name, then rename).
 pub fn copy_symlink(target: &Path, dst: &Path, kind: DstKind) -> Result<(), FileError> {
     let (dir, name) = split(dst).map_err(FileError::io("destination path"))?;
-    let tmp = dir.join(temp::temp_name(name));
-    std::os::unix::fs::symlink(target, &tmp).map_err(FileError::io("create symlink"))?;
-    let mut guard = TempGuard(Some(tmp));
+    let mut guard = TempGuard::new(dir, temp::temp_name(name));
+    let tmp = dir.join(&guard.name);
+    // symlink(2) fails on an existing name: like O_EXCL.
+    if let Err(e) = std::os::unix::fs::symlink(target, &tmp) {
+        guard.path = None;
+        return Err(FileError::io("create symlink")(e));
+    }
     install(&mut guard, dst, kind)
 }
 
@@ -231,6 +321,10 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn root(t: &tempfile::TempDir) -> std::os::fd::OwnedFd {
+        beneath::open_root(t.path()).unwrap()
+    }
 
     fn dated(path: &Path, secs_ago: u64) -> Stamp {
         let f = File::options().write(true).open(path).unwrap();
@@ -256,7 +350,8 @@ mod tests {
             }
         };
         let out = copy_file(
-            &src,
+            root(&t),
+            Path::new("src"),
             &dst,
             DstKind::Missing,
             planned,
@@ -293,7 +388,15 @@ mod tests {
             })
         };
         let stamp = Stamp::of(&std::fs::metadata(&src).unwrap());
-        let r = copy_file(&src, &dst, DstKind::Other, stamp, Instant::now(), &|_| {});
+        let r = copy_file(
+            root(&t),
+            Path::new("src"),
+            &dst,
+            DstKind::Other,
+            stamp,
+            Instant::now(),
+            &|_| {},
+        );
         stop.store(true, Ordering::Relaxed);
         writer.join().unwrap();
         assert!(matches!(r, Err(FileError::KeptChanging { .. })), "{r:?}");
@@ -308,7 +411,16 @@ mod tests {
         std::fs::write(&src, b"x").unwrap();
         std::fs::set_permissions(&src, Permissions::from_mode(0o640)).unwrap();
         let stamp = dated(&src, 100);
-        copy_file(&src, &dst, DstKind::Missing, stamp, Instant::now(), &|_| {}).unwrap();
+        copy_file(
+            root(&t),
+            Path::new("src"),
+            &dst,
+            DstKind::Missing,
+            stamp,
+            Instant::now(),
+            &|_| {},
+        )
+        .unwrap();
         let got = Stamp::of(&std::fs::metadata(&dst).unwrap());
         assert_eq!(got.mode, 0o640);
         assert!(stamp.same_version(&got));

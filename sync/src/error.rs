@@ -20,8 +20,22 @@ pub enum SyncError {
         /// The destination root.
         dst: PathBuf,
     },
-    /// An I/O error on a root or while walking a tree.
-    #[error("{op} {path}: {source}")]
+    /// SRC lies inside DST and `--delete` was given: SRC itself is not in SRC's listing, so it
+    /// (and everything else in DST) would be deleted.
+    #[error(
+        "source {src} lies inside destination {dst}: with --delete that would delete the source \
+         itself and everything else in the destination; choose a destination that does not \
+         contain the source (or drop --delete)"
+    )]
+    SourceInsideDest {
+        /// The source root.
+        src: PathBuf,
+        /// The destination root.
+        dst: PathBuf,
+    },
+    /// An I/O error on a root or while walking a tree. (The cause is the error's source, not
+    /// part of its text: the CLI prints the chain, which otherwise named it twice.)
+    #[error("{op} {path}")]
     Io {
         /// What was being done.
         op: &'static str,

@@ -11,7 +11,16 @@
 //!
 //! A file that changes while it is copied (a checkpoint still being written) is detected
 //! ([`copy`]) and retried instead of being installed torn.
+//!
+//! What it trusts: SRC's tree is read through descriptors without following any symlink
+//! inside it ([`beneath`]), and a file is copied only if the opened descriptor is the planned
+//! file (or a new version of it by the same owner), so nothing outside SRC is ever copied.
+//! DST must be writable only by the user (as any output directory): its own paths are used
+//! as they are. Only files named exactly as stagefs names its temporaries are ever removed
+//! without `--delete`, and only once their writer is gone, on whichever node it ran
+//! ([`temp`]).
 
+pub mod beneath;
 pub mod copy;
 pub mod error;
 pub mod pass;

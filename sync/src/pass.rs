@@ -10,6 +10,7 @@ use crate::plan::{self, Plan};
 use rayon::prelude::*;
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -120,18 +121,14 @@ impl Syncer {
                 path: src.to_path_buf(),
             });
         }
-        fs::create_dir_all(dst).map_err(|source| SyncError::Io {
-            op: "create destination directory",
-            path: dst.to_path_buf(),
-            source,
-        })?;
         let canon = |p: &Path| {
-            fs::canonicalize(p).map_err(|source| SyncError::Io {
+            canonical_maybe_missing(p).map_err(|source| SyncError::Io {
                 op: "resolve path",
                 path: p.to_path_buf(),
                 source,
             })
         };
+        // Checked before DST is created, so that a refused DST is not left behind in SRC.
         let (csrc, cdst) = (canon(src)?, canon(dst)?);
         if cdst.starts_with(&csrc) {
             return Err(SyncError::DestInsideSource {
@@ -139,7 +136,27 @@ impl Syncer {
                 dst: dst.to_path_buf(),
             });
         }
-        plan::build(src, dst, self.opts.verify, self.opts.delete)
+        // SRC inside DST: with --delete, SRC itself (absent from SRC's own listing) and
+        // everything else in DST would be deleted. Without it the pass may run, but never
+        // writes into or over SRC (plan's `protect`).
+        let protect = csrc.strip_prefix(&cdst).ok().map(Path::to_path_buf);
+        if protect.is_some() && self.opts.delete {
+            return Err(SyncError::SourceInsideDest {
+                src: src.to_path_buf(),
+                dst: dst.to_path_buf(),
+            });
+        }
+        fs::create_dir_all(dst).map_err(|source| SyncError::Io {
+            op: "create destination directory",
+            path: dst.to_path_buf(),
+            source,
+        })?;
+        let opts = plan::PlanOptions {
+            verify: self.opts.verify,
+            delete: self.opts.delete,
+            protect,
+        };
+        plan::build(src, dst, &opts)
     }
 
     /// Plans and executes one pass.
@@ -159,7 +176,15 @@ impl Syncer {
         let mut report = Report {
             unchanged: plan.unchanged,
             skipped: plan.skipped.clone(),
+            failed: plan.refused.clone(),
             ..Report::default()
+        };
+        let Some(root) = plan.src_root.clone() else {
+            report.failed.push((
+                PathBuf::new(),
+                "internal: plan has no source root descriptor".into(),
+            ));
+            return report;
         };
         let touched: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
         let touch = |p: &Path| {
@@ -211,7 +236,8 @@ impl Syncer {
                 .map(|f| {
                     let dst = plan.dst.join(&f.rel);
                     let r = copy::copy_file(
-                        &plan.src.join(&f.rel),
+                        root.as_fd(),
+                        &f.rel,
                         &dst,
                         f.dst,
                         f.stamp,
@@ -249,6 +275,7 @@ impl Syncer {
                 Done::File(Ok(Outcome::Vanished)) => report
                     .skipped
                     .push((rel, "vanished before it could be copied".into())),
+                Done::File(Ok(Outcome::Skipped(why))) => report.skipped.push((rel, why)),
                 Done::Link(Ok(())) => report.copied += 1,
                 Done::File(Err(e)) | Done::Link(Err(e)) => report.failed.push((rel, e.to_string())),
             }
@@ -298,6 +325,37 @@ impl Syncer {
     }
 }
 
+/// `p` made absolute with symlinks resolved, also when its last components do not exist yet
+/// (the nearest existing ancestor is resolved and the rest appended).
+fn canonical_maybe_missing(p: &Path) -> std::io::Result<PathBuf> {
+    let mut missing = Vec::new();
+    let mut cur = p;
+    loop {
+        match fs::canonicalize(cur) {
+            Ok(mut c) => {
+                for name in missing.iter().rev() {
+                    c.push(name);
+                }
+                return Ok(c);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                match (cur.parent(), cur.file_name()) {
+                    (Some(parent), Some(name)) => {
+                        missing.push(name.to_os_string());
+                        cur = if parent.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            parent
+                        };
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn make_dir(path: &Path, replace: bool, mode: u32) -> Result<(), FileError> {
     if replace {
         fs::remove_file(path).map_err(FileError::io("remove file in the way of a directory"))?;
@@ -310,4 +368,154 @@ fn make_dir(path: &Path, replace: bool, mode: u32) -> Result<(), FileError> {
     // Keep the owner able to write into it, or the copies into it would fail.
     fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o700))
         .map_err(FileError::io("set directory mode"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+mod tests {
+    //! The source changing between planning and copying: plan, change the tree, execute.
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::time::SystemTime;
+
+    struct Tree {
+        _t: tempfile::TempDir,
+        src: PathBuf,
+        dst: PathBuf,
+        secret: PathBuf,
+    }
+
+    /// SRC with `d/f` and `g`, dated in the past so that copies need not wait; a secret
+    /// outside SRC.
+    fn tree() -> Tree {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        fs::create_dir_all(src.join("d")).unwrap();
+        for (rel, data) in [("d/f", "planned f"), ("g", "planned g")] {
+            fs::write(src.join(rel), data).unwrap();
+            age(&src.join(rel));
+        }
+        let secret = t.path().join("secret");
+        fs::write(&secret, "SECRET outside SRC").unwrap();
+        Tree {
+            _t: t,
+            src,
+            dst,
+            secret,
+        }
+    }
+
+    fn age(p: &Path) {
+        let f = fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(10))
+            .unwrap();
+    }
+
+    fn syncer() -> Syncer {
+        Syncer::new(SyncOptions {
+            jobs: 2,
+            ..SyncOptions::default()
+        })
+        .unwrap()
+    }
+
+    fn skipped_why(r: &Report, rel: &str) -> String {
+        r.skipped
+            .iter()
+            .find(|(p, _)| p == Path::new(rel))
+            .map(|(_, w)| w.clone())
+            .unwrap_or_else(|| panic!("{rel} not skipped: {r:?}"))
+    }
+
+    #[test]
+    fn file_swapped_for_symlink_after_planning_is_not_followed() {
+        let t = tree();
+        let s = syncer();
+        let plan = s.plan(&t.src, &t.dst).unwrap();
+        fs::remove_file(t.src.join("g")).unwrap();
+        std::os::unix::fs::symlink(&t.secret, t.src.join("g")).unwrap();
+        let r = s.execute(plan, &|_| {});
+        assert!(r.ok(), "{r:?}");
+        assert!(skipped_why(&r, "g").contains("symlink"), "{r:?}");
+        assert!(fs::symlink_metadata(t.dst.join("g")).is_err());
+        assert_eq!(fs::read_to_string(t.dst.join("d/f")).unwrap(), "planned f");
+        // The next pass copies the link as a link.
+        let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(fs::read_link(t.dst.join("g")).unwrap(), t.secret);
+    }
+
+    #[test]
+    fn directory_swapped_for_symlink_after_planning_is_not_followed() {
+        let t = tree();
+        let outside = t.secret.parent().unwrap().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("f"), "SECRET in a directory outside SRC").unwrap();
+        let s = syncer();
+        let plan = s.plan(&t.src, &t.dst).unwrap();
+        fs::rename(t.src.join("d"), t.src.join("d.moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, t.src.join("d")).unwrap();
+        let r = s.execute(plan, &|_| {});
+        assert!(skipped_why(&r, "d/f").contains("symlink"), "{r:?}");
+        assert!(fs::symlink_metadata(t.dst.join("d/f")).is_err());
+    }
+
+    #[test]
+    fn fifo_swapped_in_after_planning_is_skipped_without_blocking() {
+        let t = tree();
+        let s = syncer();
+        let plan = s.plan(&t.src, &t.dst).unwrap();
+        fs::remove_file(t.src.join("g")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            t.src.join("g"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let r = s.execute(plan, &|_| {});
+        assert!(
+            skipped_why(&r, "g").contains("no longer a regular file"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn file_replaced_by_a_new_version_after_planning_is_copied() {
+        let t = tree();
+        let s = syncer();
+        let plan = s.plan(&t.src, &t.dst).unwrap();
+        // Write-and-rename, as checkpoint savers do: same owner, new inode.
+        fs::write(t.src.join("g.new"), "new version of g").unwrap();
+        age(&t.src.join("g.new"));
+        fs::rename(t.src.join("g.new"), t.src.join("g")).unwrap();
+        let r = s.execute(plan, &|_| {});
+        assert!(r.ok() && r.skipped.is_empty(), "{r:?}");
+        assert_eq!(
+            fs::read_to_string(t.dst.join("g")).unwrap(),
+            "new version of g"
+        );
+    }
+
+    #[test]
+    fn file_replaced_by_another_owners_file_after_planning_is_not_copied() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to give a file another owner");
+            return;
+        }
+        let t = tree();
+        let s = syncer();
+        let plan = s.plan(&t.src, &t.dst).unwrap();
+        let planted = t.src.join("g.planted");
+        fs::write(&planted, "another user's file").unwrap();
+        age(&planted);
+        std::os::unix::fs::chown(&planted, Some(4242), Some(4242)).unwrap();
+        fs::rename(&planted, t.src.join("g")).unwrap();
+        assert_eq!(fs::metadata(t.src.join("g")).unwrap().uid(), 4242);
+        let r = s.execute(plan, &|_| {});
+        assert!(skipped_why(&r, "g").contains("another owner"), "{r:?}");
+        assert!(fs::symlink_metadata(t.dst.join("g")).is_err());
+    }
 }

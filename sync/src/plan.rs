@@ -1,19 +1,36 @@
 //! Planning a pass: walk SRC and DST side by side and list what must change.
 //!
-//! Symlinks are never followed (a link in SRC becomes the same link in DST). Entries that are
-//! neither files, directories nor symlinks (sockets, FIFOs, devices) are skipped and reported.
-//! Stagefs temporaries in SRC are ignored; in DST they are listed for removal unless a live
-//! process owns them.
+//! SRC is walked through directory descriptors ([`crate::beneath`]): each subdirectory is
+//! opened `O_NOFOLLOW` from its parent and entries are `fstatat`'ed without following, so a
+//! directory swapped for a symlink during the walk is refused, never listed. Symlinks are never
+//! followed (a link in SRC becomes the same link in DST). Entries that are neither files,
+//! directories nor symlinks (sockets, FIFOs, devices) are skipped and reported.
+//!
+//! Stagefs temporaries (exactly stagefs's own name pattern, [`crate::temp`]) in SRC are
+//! ignored; in DST they are listed for removal when [`temp::judge`] finds them stale. Files
+//! that only look similar are a user's files and are synced like any other.
+//!
+//! When SRC lies inside DST (allowed only without `--delete`, see [`crate::pass`]), `protect`
+//! is SRC's path inside DST: nothing is planned that would write into SRC or replace SRC or a
+//! directory above it.
+//!
+//! Without `--delete`, a directory in DST where SRC now has a file or link is not removed
+//! (it may hold files synced earlier that SRC no longer has): that path fails and is named.
 
+use crate::beneath;
 use crate::error::SyncError;
 use crate::stamp::Stamp;
 use crate::temp;
+use rustix::fs::{AtFlags, FileType};
 use std::collections::HashSet;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 /// What exists at a destination path before the pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +85,8 @@ pub struct Plan {
     pub src: PathBuf,
     /// Destination root.
     pub dst: PathBuf,
+    /// The source root as opened for planning; copies open their files beneath it.
+    pub src_root: Option<Arc<OwnedFd>>,
     /// Directories to create, parents before children.
     pub dirs: Vec<DirCreate>,
     /// Files to copy.
@@ -82,6 +101,8 @@ pub struct Plan {
     pub unchanged: u64,
     /// Source entries skipped, with the reason (unsupported type, vanished while walking).
     pub skipped: Vec<(PathBuf, String)>,
+    /// Source entries that cannot be synced this way, with the reason (reported as failed).
+    pub refused: Vec<(PathBuf, String)>,
 }
 
 impl Plan {
@@ -91,14 +112,28 @@ impl Plan {
     }
 }
 
+/// How a pass is planned.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    /// Compare contents of files whose size and mtime match.
+    pub verify: bool,
+    /// List destination entries that the source lacks for deletion.
+    pub delete: bool,
+    /// SRC's path inside DST when SRC lies inside DST: never written, replaced or removed.
+    pub protect: Option<PathBuf>,
+}
+
 /// Walks `src` and `dst` (both existing directories) and builds the plan.
-pub fn build(src: &Path, dst: &Path, verify: bool, delete: bool) -> Result<Plan, SyncError> {
+pub fn build(src: &Path, dst: &Path, opts: &PlanOptions) -> Result<Plan, SyncError> {
+    let root = beneath::open_root(src).map_err(io_err("open source directory", src))?;
+    let root = Arc::new(root);
     let mut plan = Plan {
         src: src.to_path_buf(),
         dst: dst.to_path_buf(),
+        src_root: Some(root.clone()),
         ..Plan::default()
     };
-    walk(&mut plan, Path::new(""), verify, delete, true)?;
+    walk(&mut plan, &root, Path::new(""), opts, true)?;
     Ok(plan)
 }
 
@@ -115,23 +150,34 @@ fn dst_kind(meta: Option<&fs::Metadata>) -> DstKind {
     }
 }
 
-/// Plans directory `rel`; `dst_exists` says whether DST/rel is already a directory.
+/// The names in directory `dir`, sorted (directory order is arbitrary; sorted order makes runs
+/// and logs reproducible).
+fn list(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, SyncError> {
+    let mut names = Vec::new();
+    let entries =
+        rustix::fs::Dir::read_from(dir).map_err(|e| io_err("read directory", path)(e.into()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err("read directory", path)(e.into()))?;
+        let name = OsStr::from_bytes(entry.file_name().to_bytes());
+        if name != "." && name != ".." {
+            names.push(name.to_os_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Plans directory `rel` (open as `dir`); `dst_exists` says whether DST/rel is a directory.
 fn walk(
     plan: &mut Plan,
+    dir: &OwnedFd,
     rel: &Path,
-    verify: bool,
-    delete: bool,
+    opts: &PlanOptions,
     dst_exists: bool,
 ) -> Result<(), SyncError> {
     let src_dir = plan.src.join(rel);
     let dst_dir = plan.dst.join(rel);
-    let mut names: Vec<OsString> = Vec::new();
-    for entry in fs::read_dir(&src_dir).map_err(io_err("read directory", &src_dir))? {
-        let entry = entry.map_err(io_err("read directory", &src_dir))?;
-        names.push(entry.file_name());
-    }
-    // Directory order is arbitrary; sorted order makes runs and logs reproducible.
-    names.sort();
+    let names = list(dir, &src_dir)?;
     let mut seen: HashSet<OsString> = HashSet::with_capacity(names.len());
     for name in names {
         if temp::is_temp(&name) {
@@ -140,77 +186,140 @@ fn walk(
         let rel_path = rel.join(&name);
         let src_path = plan.src.join(&rel_path);
         let dst_path = plan.dst.join(&rel_path);
-        let src_meta = match fs::symlink_metadata(&src_path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let st = match rustix::fs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => {
                 plan.skipped
                     .push((rel_path, "vanished before it could be copied".into()));
                 continue;
             }
-            Err(e) => return Err(io_err("stat", &src_path)(e)),
+            Err(e) => return Err(io_err("stat", &src_path)(e.into())),
         };
-        seen.insert(name);
+        seen.insert(name.clone());
         let dst_meta = if dst_exists {
             fs::symlink_metadata(&dst_path).ok()
         } else {
             None
         };
         let kind = dst_kind(dst_meta.as_ref());
-        let ft = src_meta.file_type();
-        if ft.is_dir() {
-            let exists = kind == DstKind::Dir;
-            if !exists {
-                plan.dirs.push(DirCreate {
-                    rel: rel_path.clone(),
-                    mode: Stamp::of(&src_meta).mode,
-                    replace: kind == DstKind::Other,
-                });
+        let ft = FileType::from_raw_mode(st.st_mode);
+        let stamp = Stamp::from_stat(&st);
+        if let Some(protect) = &opts.protect {
+            // DST/rel_path is SRC itself or a directory above it.
+            if protect.starts_with(&rel_path) {
+                let descend =
+                    ft == FileType::Directory && kind == DstKind::Dir && *protect != rel_path;
+                if !descend {
+                    plan.skipped.push((
+                        rel_path,
+                        format!(
+                            "its destination {} is the source directory or holds it (SRC lies \
+                             inside DST); not written",
+                            dst_path.display()
+                        ),
+                    ));
+                    continue;
+                }
             }
-            walk(plan, &rel_path, verify, delete, exists)?;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&src_path).map_err(io_err("read link", &src_path))?;
-            let same = dst_meta
-                .as_ref()
-                .is_some_and(|m| m.file_type().is_symlink())
-                && fs::read_link(&dst_path).ok().as_deref() == Some(target.as_path());
-            if same {
-                plan.unchanged += 1;
-            } else {
-                plan.links.push(LinkCopy {
-                    rel: rel_path,
-                    target,
-                    dst: kind,
-                });
+        }
+        if ft != FileType::Directory && kind == DstKind::Dir && !opts.delete {
+            plan.refused.push((
+                rel_path,
+                format!(
+                    "{} is a directory in DST but not in SRC; it is not removed without \
+                     --delete (it may hold files synced earlier)",
+                    dst_path.display()
+                ),
+            ));
+            continue;
+        }
+        match ft {
+            FileType::Directory => {
+                let sub = match beneath::open_dir(dir, Path::new(&name)) {
+                    Ok(d) => d,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        plan.skipped
+                            .push((rel_path, "vanished before it could be copied".into()));
+                        continue;
+                    }
+                    Err(e) if beneath::is_not_followed(&e) => {
+                        plan.skipped.push((
+                            rel_path,
+                            "changed into a symlink while being planned; not followed".into(),
+                        ));
+                        continue;
+                    }
+                    Err(e) => return Err(io_err("open directory", &src_path)(e)),
+                };
+                let exists = kind == DstKind::Dir;
+                if !exists {
+                    plan.dirs.push(DirCreate {
+                        rel: rel_path.clone(),
+                        mode: stamp.mode,
+                        replace: kind == DstKind::Other,
+                    });
+                }
+                walk(plan, &sub, &rel_path, opts, exists)?;
             }
-        } else if ft.is_file() {
-            let stamp = Stamp::of(&src_meta);
-            let seen_at = Instant::now();
-            let same = dst_meta.as_ref().is_some_and(|m| {
-                m.file_type().is_file()
-                    && stamp.same_version(&Stamp::of(m))
-                    && stamp.mode == Stamp::of(m).mode
-            }) && (!verify || same_bytes(&src_path, &dst_path).unwrap_or(false));
-            if same {
-                plan.unchanged += 1;
-            } else {
-                plan.files.push(FileCopy {
-                    rel: rel_path,
-                    stamp,
-                    seen_at,
-                    dst: kind,
-                });
+            FileType::Symlink => {
+                let target = match rustix::fs::readlinkat(dir, name.as_os_str(), Vec::new()) {
+                    Ok(t) => PathBuf::from(OsStr::from_bytes(t.to_bytes())),
+                    Err(e) => return Err(io_err("read link", &src_path)(e.into())),
+                };
+                let same = dst_meta
+                    .as_ref()
+                    .is_some_and(|m| m.file_type().is_symlink())
+                    && fs::read_link(&dst_path).ok().as_deref() == Some(target.as_path());
+                if same {
+                    plan.unchanged += 1;
+                } else {
+                    plan.links.push(LinkCopy {
+                        rel: rel_path,
+                        target,
+                        dst: kind,
+                    });
+                }
             }
-        } else {
-            plan.skipped.push((
+            FileType::RegularFile => {
+                let seen_at = Instant::now();
+                let same = dst_meta.as_ref().is_some_and(|m| {
+                    let d = Stamp::of(m);
+                    m.file_type().is_file() && stamp.same_version(&d) && stamp.copy_mode() == d.mode
+                }) && (!opts.verify || same_src_dst(dir, &name, &dst_path));
+                if same {
+                    plan.unchanged += 1;
+                } else {
+                    plan.files.push(FileCopy {
+                        rel: rel_path,
+                        stamp,
+                        seen_at,
+                        dst: kind,
+                    });
+                }
+            }
+            _ => plan.skipped.push((
                 rel_path,
                 "not a regular file, directory or symlink (socket, FIFO or device)".into(),
-            ));
+            )),
         }
     }
     if dst_exists {
-        scan_dst_extras(plan, rel, &dst_dir, &seen, delete)?;
+        scan_dst_extras(plan, rel, &dst_dir, &seen, opts.delete)?;
     }
     Ok(())
+}
+
+/// `--verify`: whether SRC's `name` in `dir` (opened without following) has DST's bytes.
+fn same_src_dst(dir: &OwnedFd, name: &OsStr, dst: &Path) -> bool {
+    let Ok(src) = beneath::open_file_in(dir, Path::new(name)) else {
+        return false;
+    };
+    if !src.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    fs::File::open(dst)
+        .and_then(|d| same_bytes(src, d))
+        .unwrap_or(false)
 }
 
 /// Lists leftover temporaries and (with `delete`) entries SRC no longer has.
@@ -221,11 +330,24 @@ fn scan_dst_extras(
     seen: &HashSet<OsString>,
     delete: bool,
 ) -> Result<(), SyncError> {
+    let now = SystemTime::now();
     for entry in fs::read_dir(dst_dir).map_err(io_err("read directory", dst_dir))? {
         let entry = entry.map_err(io_err("read directory", dst_dir))?;
         let name = entry.file_name();
-        if temp::is_temp(&name) {
-            if !temp::owned_by_live_process(&name) {
+        if let Some(t) = temp::parse(&name) {
+            // DirEntry::metadata does not follow symlinks (a temporary may be a link).
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                continue;
+            }
+            let changed = Stamp::of(&meta);
+            let ctime = SystemTime::UNIX_EPOCH
+                + std::time::Duration::new(
+                    u64::try_from(changed.ctime_sec).unwrap_or(0),
+                    u32::try_from(changed.ctime_nsec).unwrap_or(0),
+                );
+            let age = now.duration_since(ctime).ok();
+            if temp::judge(&name, &t, age) == temp::Verdict::Stale {
                 plan.stale_temps.push(dst_dir.join(&name));
             }
         } else if delete && !seen.contains(&name) {
@@ -237,10 +359,8 @@ fn scan_dst_extras(
 
 /// Whether two files have identical contents (`--verify`). A direct comparison rather than two
 /// hashes: both files must be read in full either way, and it stops at the first difference.
-pub fn same_bytes(a: &Path, b: &Path) -> std::io::Result<bool> {
+pub fn same_bytes(mut fa: fs::File, mut fb: fs::File) -> std::io::Result<bool> {
     const CHUNK: usize = 1 << 20;
-    let mut fa = fs::File::open(a)?;
-    let mut fb = fs::File::open(b)?;
     if fa.metadata()?.len() != fb.metadata()?.len() {
         return Ok(false);
     }

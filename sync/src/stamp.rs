@@ -1,4 +1,5 @@
-//! File identity stamps: what "unchanged" means for a pass and for torn-write detection.
+//! File identity stamps: what "unchanged" means for a pass, for torn-write detection, and
+//! for "the file opened is the file planned" ([`Stamp::same_inode`]).
 //!
 //! Two files are taken as equal when their sizes and modification times match. Destination
 //! filesystems differ in timestamp resolution (ext4/XFS: ns, some NFS/Lustre set-ups: µs or s),
@@ -24,6 +25,10 @@ pub struct Stamp {
     pub ctime_nsec: i64,
     /// Inode number (a file replaced by rename has a new one).
     pub ino: u64,
+    /// Device of the inode.
+    pub dev: u64,
+    /// Owner.
+    pub uid: u32,
     /// Permission bits (`mode & 0o7777`).
     pub mode: u32,
 }
@@ -38,8 +43,39 @@ impl Stamp {
             ctime_sec: meta.ctime(),
             ctime_nsec: meta.ctime_nsec(),
             ino: meta.ino(),
+            dev: meta.dev(),
+            uid: meta.uid(),
             mode: meta.mode() & 0o7777,
         }
+    }
+
+    /// Takes the stamp of an `fstatat`/`fstat` result.
+    // The stat field types differ between architectures; the casts are no-ops on x86_64 only.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn from_stat(st: &rustix::fs::Stat) -> Stamp {
+        Stamp {
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_sec: st.st_mtime as i64,
+            mtime_nsec: st.st_mtime_nsec as i64,
+            ctime_sec: st.st_ctime as i64,
+            ctime_nsec: st.st_ctime_nsec as i64,
+            ino: st.st_ino as u64,
+            dev: st.st_dev as u64,
+            uid: st.st_uid,
+            mode: st.st_mode & 0o7777,
+        }
+    }
+
+    /// Whether `other` is the same inode (same device and inode number).
+    pub fn same_inode(&self, other: &Stamp) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// The mode a copy of this file gets: the permission bits without setuid, setgid and
+    /// sticky. A sync run as root creates root-owned files, so copying a user's setuid bit
+    /// would hand that user a root-owned setuid program; outputs never need these bits.
+    pub fn copy_mode(&self) -> u32 {
+        self.mode & 0o777
     }
 
     /// The modification time as a `SystemTime` (before the epoch is clamped to the epoch).
@@ -71,6 +107,8 @@ mod tests {
             ctime_sec: 0,
             ctime_nsec: 0,
             ino: 1,
+            dev: 1,
+            uid: 0,
             mode: 0o644,
         }
     }

@@ -929,6 +929,28 @@ pub fn decode_parquet(
     projection: &[usize],
     target: &SchemaRef,
 ) -> Result<Vec<RecordBatch>, CleanError> {
+    // The parquet crate panics on some corrupt files (a dictionary-encoded page without a
+    // dictionary page: "Decoder for dict should have been set"); a bad input must fail the
+    // job with its name, not abort it with a panic.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_parquet_inner(input, rg, skip, take, projection, target)
+    }))
+    .unwrap_or_else(|_| {
+        Err(CleanError::Data(format!(
+            "{}: row group {rg}: the Parquet reader panicked on this file (corrupt?)",
+            input.path.display()
+        )))
+    })
+}
+
+fn decode_parquet_inner(
+    input: &Input,
+    rg: usize,
+    skip: usize,
+    take: usize,
+    projection: &[usize],
+    target: &SchemaRef,
+) -> Result<Vec<RecordBatch>, CleanError> {
     let data_err = |e: &dyn std::fmt::Display| {
         CleanError::Data(format!("{}: row group {rg}: {e}", input.path.display()))
     };

@@ -95,10 +95,8 @@ impl DType {
 
     /// Parses a numpy type string; `=` and `<` are both little-endian here (x86-64, aarch64).
     pub fn from_descr(descr: &str) -> Option<DType> {
-        let (order, code) = descr.split_at(descr.len().min(1));
-        if !matches!(order, "<" | "|" | "=") {
-            return None;
-        }
+        // strip_prefix, not split_at(1): the first character may be several bytes long.
+        let code = descr.strip_prefix(['<', '|', '='])?;
         Some(match code {
             "b1" => DType::Bool,
             "i1" => DType::I8,

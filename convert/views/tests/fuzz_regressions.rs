@@ -1,0 +1,94 @@
+//! Inputs the fuzzer (`fuzz/`, target `table_parquet`) found to panic inside the `parquet`
+//! crate, stored as the bytes it produced (`tests/fuzz-corpus/`, 1.8 and 2.5 KB: a mutated
+//! footer cannot be rebuilt through the writer's API). The views run the Parquet reader under
+//! `catch_unwind`, so each must fail its own view with a corrupt-input error — never panic out
+//! of `Table` (a panic in a FUSE handler thread or in `convert` would take the process down).
+#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use stagefs_views::table::Table;
+use stagefs_views::{ByteSource, EntryKind, SourceEntry, TableFormat, ViewError};
+
+/// A dataset holding one file, `t.parquet`.
+struct OneFile(Vec<u8>);
+
+impl ByteSource for OneFile {
+    fn len(&self, _rel: &Path) -> io::Result<u64> {
+        Ok(self.0.len() as u64)
+    }
+    fn read_at(&self, _rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let start = (offset as usize).min(self.0.len());
+        let n = buf.len().min(self.0.len() - start);
+        buf[..n].copy_from_slice(&self.0[start..start + n]);
+        Ok(n)
+    }
+    fn list_dir(&self, _rel: &Path) -> io::Result<Vec<SourceEntry>> {
+        Ok(vec![SourceEntry {
+            name: "t.parquet".into(),
+            kind: EntryKind::File,
+        }])
+    }
+}
+
+/// Opens `bytes` as a Parquet table and reads the start of every view file; returns the
+/// errors met (opening included).
+fn read_everything(bytes: &[u8]) -> Vec<ViewError> {
+    let src = Arc::new(OneFile(bytes.to_vec()));
+    let table = match Table::open(src, Path::new("t.parquet"), TableFormat::Parquet) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return vec![e],
+    };
+    let mut errors = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    for (name, _) in table.entries() {
+        if let Some(view) = table.view(&name) {
+            if let Err(e) = view.read_at(0, &mut buf) {
+                errors.push(e);
+            }
+        }
+    }
+    errors
+}
+
+fn corpus(name: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fuzz-corpus")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// A footer whose column chunk has a negative start or length: parquet's
+/// `ColumnChunkMetaData::byte_range` asserts ("column start and length should not be negative").
+#[test]
+fn parquet_negative_column_range_fails_view_not_process() {
+    let errors = read_everything(&corpus("parquet_negative_column_range.parquet"));
+    assert!(!errors.is_empty(), "a corrupt footer read without error");
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e, ViewError::Corrupt { .. })),
+        "{errors:?}"
+    );
+}
+
+/// Dictionary-encoded data pages without a dictionary page: parquet's decoder panics
+/// ("Decoder for dict should have been set").
+#[test]
+fn parquet_dictionary_page_missing_fails_view_not_process() {
+    let errors = read_everything(&corpus("parquet_dictionary_page_missing.parquet"));
+    assert!(
+        !errors.is_empty(),
+        "a corrupt column chunk read without error"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e, ViewError::Corrupt { .. })),
+        "{errors:?}"
+    );
+}
