@@ -29,6 +29,8 @@ WARM = [  # (name, mount flags, kernel read-ahead KiB or None)
     ("--fuse-threads 16", ["--fuse-threads", "16"], None),
     ("--no-staging", ["--no-staging"], None),
     ("--revalidate 1", ["--revalidate", "1"], None),
+    ("--skip-open", ["--skip-open"], None),
+    ("--no-readdirplus", ["--no-readdirplus"], None),
     ("read_ahead_kb=1024 (sysfs, root)", [], 1024),
 ]
 COLD = [
@@ -38,6 +40,7 @@ COLD = [
 ]
 LIST = [
     ("default (--scan-threads 64)", []),
+    ("--no-readdirplus", ["--no-readdirplus"]),
     ("--scan-threads 8", ["--scan-threads", "8"]),
     ("--scan-threads 256", ["--scan-threads", "256"]),
 ]

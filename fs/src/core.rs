@@ -453,6 +453,7 @@ impl FsCore {
         s.source = self.cfg.source.display().to_string();
         let scan = self.snapshot.scan_stats();
         s.metadata_requests = scan.requests;
+        s.replies_dropped = crate::fuse::DROPPED_REPLIES.load(Relaxed);
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
         s
@@ -905,6 +906,7 @@ pub fn log_summary(core: &FsCore) {
         from_cache = s.bytes_from_cache,
         from_source = s.bytes_from_source,
         staged = s.bytes_staged,
+        replies_dropped = s.replies_dropped,
         "unmounted"
     );
 }

@@ -414,7 +414,7 @@ impl Files {
             let key = Path::new(std::ffi::OsStr::from_bytes(loaded.key(le)));
             let hinted = (same && (le.owner as usize) < self.snapshot.len())
                 .then_some(le.owner)
-                .filter(|n| self.snapshot.path(*n).is_some_and(|p| p == key));
+                .filter(|n| self.snapshot.is_at(*n, key));
             let node = hinted.or_else(|| {
                 let (parent, name) = (key.parent()?, key.file_name()?);
                 let dir = match &last_dir {

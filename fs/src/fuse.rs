@@ -31,6 +31,10 @@ use tracing::{info, warn};
 use crate::core::{lock, Attr, FsCore};
 use crate::error::FsError;
 
+/// Replies fuser could not send because the kernel had given up on the request (interrupted
+/// readers); counted by the daemon's log layer, reported in the stats as `replies_dropped`.
+pub static DROPPED_REPLIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Kernel read-ahead asked for: 1 MiB, one cache block per request (the kernel caps it at what
 /// it offers: 128 KiB for most mounts unless an admin raises the bdi's read_ahead_kb).
 pub const MAX_READAHEAD: u32 = 1 << 20;
@@ -47,6 +51,7 @@ pub struct FuseFs {
     core: Arc<FsCore>,
     passthrough: AtomicBool,
     skip_open: bool,
+    readdirplus: bool,
     backing: Mutex<BackingCache>,
 }
 
@@ -55,11 +60,12 @@ impl FuseFs {
     /// answers the first `open` with `ENOSYS`, after which the kernel opens files without
     /// asking (`FUSE_NO_OPEN_SUPPORT`: no open or release round trip per file, and the page
     /// cache kept across opens). Passthrough needs opens, so it wins when granted.
-    pub fn new(core: Arc<FsCore>, passthrough: bool, skip_open: bool) -> FuseFs {
+    pub fn new(core: Arc<FsCore>, passthrough: bool, skip_open: bool, readdirplus: bool) -> FuseFs {
         FuseFs {
             core,
             passthrough: AtomicBool::new(passthrough),
             skip_open,
+            readdirplus,
             backing: Mutex::new(BackingCache::default()),
         }
     }
@@ -122,13 +128,11 @@ impl Filesystem for FuseFs {
             let _ = config.set_max_readahead(max);
         }
         // Each is an optimisation the kernel may not offer: take what it has.
-        for flag in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-        ] {
-            let _ = config.add_capabilities(flag);
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        if self.readdirplus {
+            let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+            let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
         }
         if self.passthrough.load(Relaxed) {
             let granted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()

@@ -24,6 +24,8 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Let the kernel open files without asking the daemon (see [`FuseFs::new`]).
     pub skip_open: bool,
+    /// Listings carry attributes (readdirplus): no lookup per file after a listing.
+    pub readdirplus: bool,
 }
 
 /// A live mount.
@@ -62,7 +64,12 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
-    let fs = FuseFs::new(core.clone(), opts.passthrough, opts.skip_open);
+    let fs = FuseFs::new(
+        core.clone(),
+        opts.passthrough,
+        opts.skip_open,
+        opts.readdirplus,
+    );
     let mut session = Session::new(fs, mountpoint, &cfg)?;
     let unmounter = session.unmount_callable();
     let session = session.spawn()?;

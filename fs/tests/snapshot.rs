@@ -305,6 +305,15 @@ fn listing_equals_a_std_fs_walk() {
     let class3 = s.parent(img).unwrap();
     assert_eq!(s.parent(class3), Some(ROOT));
     assert_eq!(s.parent(ROOT), None);
+    // is_at agrees with path() for every node, and says no for any other path.
+    s.walk(|id, _| {
+        let p = s.path(id).unwrap();
+        assert!(s.is_at(id, &p), "{}", p.display());
+        assert!(!s.is_at(id, &Path::new("x").join(&p)));
+    });
+    assert!(s.is_at(ROOT, Path::new("")));
+    assert!(!s.is_at(img, Path::new("class2/img_004.jpg")));
+    assert!(!s.is_at(img, Path::new("img_004.jpg")));
     assert_eq!(s.resolve(Path::new("class3/nope")).unwrap(), None);
     assert!(matches!(
         s.lookup(img, OsStr::new("x")),

@@ -127,6 +127,8 @@ pub struct StatsSnapshot {
     pub snapshot_entries: u64,
     /// Metadata requests (stat, readdir, readlink) this mount sent to the source.
     pub metadata_requests: u64,
+    /// Replies to requests the kernel had already given up on (readers interrupted mid-read).
+    pub replies_dropped: u64,
     /// Process id of the mount daemon.
     pub pid: u32,
     /// The cache directory.

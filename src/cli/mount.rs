@@ -99,6 +99,10 @@ pub struct Args {
     /// many-small-file epoch is round trips). Off when passthrough is in use.
     #[arg(long)]
     pub skip_open: bool,
+    /// Listings without attributes (plain readdir): cheaper for tools that only list names
+    /// (find, ls), dearer for readers that then open each file (a lookup per file).
+    #[arg(long)]
+    pub no_readdirplus: bool,
     /// FUSE request threads.
     #[arg(long, default_value_t = 8)]
     pub fuse_threads: usize,
@@ -457,6 +461,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         threads: args.fuse_threads,
         allow_other: args.allow_other,
         skip_open: args.skip_open,
+        readdirplus: !args.no_readdirplus,
     };
     let mounted = mount(core.clone(), &args.mountpoint, &opts)
         .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;

@@ -373,6 +373,29 @@ impl Snapshot {
         Some(t.path(id))
     }
 
+    /// Whether node `id` is at `rel` (relative to the source root), compared component by
+    /// component from the end without building the node's path: how a remount checks, for a
+    /// million cached entries, that each is bound to the node of the path it was stored for.
+    pub fn is_at(&self, id: NodeId, rel: &Path) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let t = self.inner.read();
+        let mut node = id;
+        let mut comps = rel.iter().rev();
+        loop {
+            let Some(n) = t.node(node) else {
+                return false;
+            };
+            if n.parent == NO_PARENT {
+                // The root: the path must be used up.
+                return comps.next().is_none();
+            }
+            match comps.next() {
+                Some(c) if c.as_bytes() == t.name(node) => node = n.parent,
+                _ => return false,
+            }
+        }
+    }
+
     /// The name of node `id` (empty for the root).
     pub fn name(&self, id: NodeId) -> Option<Vec<u8>> {
         let t = self.inner.read();

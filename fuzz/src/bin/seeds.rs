@@ -229,6 +229,40 @@ fn tables(pq: &Path, csv: &Path, clean: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Index logs written by the real store: a few entries (small, multi-block, own-file), blocks,
+/// a drop, a rebind; and a torn one.
+fn cache_index(out: &Path) -> std::io::Result<()> {
+    use stagefs_prefetch::{CacheStore, KeyKind, Stats, StoreConfig, Version};
+    std::fs::create_dir_all(out)?;
+    let tmp = std::env::temp_dir().join(format!("stagefs-seed-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let cfg = StoreConfig {
+        dir: tmp.clone(),
+        capacity: 64 << 20,
+    };
+    let (store, _) =
+        CacheStore::open(&cfg, std::sync::Arc::new(Stats::default())).map_err(std::io::Error::other)?;
+    let v = |size| Version {
+        size,
+        mtime_ns: 1,
+        ino: 2,
+    };
+    let a = store.create(KeyKind::Raw, b"train/n0/a.jpg", v(3000), 1, false, 5);
+    store.insert(a, 0, &[7u8; 3000]);
+    let b = store.create(KeyKind::Raw, b"big.bin", v(3 << 20), 3, true, 6);
+    store.insert(b, 1, &vec![9u8; 1 << 20]);
+    let c = store.create(KeyKind::View, b"train/images.npy", v(400_000), 3, false, 0);
+    store.insert(c, 0, &[1u8; 128]);
+    store.forget(a);
+    store.bind(b, 9);
+    store.flush()?;
+    let log = std::fs::read(tmp.join("v2/index.log"))?;
+    put(out, "index.log", &log)?;
+    put(out, "torn.log", &log[..log.len().saturating_sub(7)])?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
 fn main() -> std::io::Result<()> {
     let root = PathBuf::from(
         std::env::args_os()
@@ -242,6 +276,7 @@ fn main() -> std::io::Result<()> {
         &root.join("table_csv"),
         &root.join("clean_csv"),
     )?;
+    cache_index(&root.join("cache_index"))?;
     println!("seed corpora written under {}", root.display());
     Ok(())
 }
