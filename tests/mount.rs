@@ -624,3 +624,47 @@ fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
     }
     assert_eq!(m.stats()["error_count"], 0);
 }
+
+/// A reader walking a directory in order on a warm cache (a DataLoader in ImageFolder order,
+/// `tar`, `cp`) is served from pages the daemon pushed ahead of it: fewer read requests than
+/// files, every byte equal.
+#[test]
+fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
+    if common::skip_without_fuse() {
+        return;
+    }
+    let (tmp, src) = fresh();
+    fs::create_dir(src.join("d")).unwrap();
+    let n = 400u64;
+    let len = |i: u64| 3000 + (i * 7919 % 20_000) as usize;
+    for i in 0..n {
+        fs::write(src.join(format!("d/f{i:04}")), pattern(i, len(i))).unwrap();
+    }
+    let mut m = Mount::new(tmp.path(), &src, &[]);
+    m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(n));
+    m.umount();
+    // Paths opened from a list, the directory never listed: the kernel holds no inode of the
+    // files ahead, so nothing is pushed (it would be dropped).
+    m.mount();
+    for i in 0..n / 2 {
+        let got = fs::read(m.mnt.join(format!("d/f{i:04}"))).unwrap();
+        assert!(got == pattern(i, len(i)), "file {i} differs");
+    }
+    let s = m.stats();
+    assert_eq!(s["files_pushed"], 0, "{s}");
+    m.umount();
+    // Listed first, as ImageFolder does: the files ahead of the reader are pushed.
+    m.mount();
+    assert_eq!(fs::read_dir(m.mnt.join("d")).unwrap().count() as u64, n);
+    for i in 0..n {
+        let got = fs::read(m.mnt.join(format!("d/f{i:04}"))).unwrap();
+        assert!(got == pattern(i, len(i)), "file {i} differs");
+    }
+    let s = m.stats();
+    assert!(s["files_pushed"].as_u64().unwrap() >= 50, "{s}");
+    assert!(
+        s["reads"].as_u64().unwrap() < n,
+        "every file was asked for: {s}"
+    );
+    assert_eq!(s["error_count"], 0, "{s}");
+}

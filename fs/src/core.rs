@@ -393,6 +393,8 @@ impl FsCore {
     /// Stops background work and writes the cache index; call after the session ends.
     pub fn shutdown(&self) {
         self.stop.store(true, Relaxed);
+        // The sink holds a descriptor of the FUSE session: let it go with the session.
+        self.files.set_page_sink(None);
         self.fetcher.shutdown();
         self.files.stop();
         lock(&self.verify).take();
@@ -421,6 +423,11 @@ impl FsCore {
     /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.
     pub fn stopped(&self) -> bool {
         self.stop.load(Relaxed)
+    }
+
+    /// Lets in-order readers be served from pages pushed through `sink` ([`crate::walk`]).
+    pub fn set_page_sink(&self, sink: Option<Arc<dyn crate::walk::PageSink>>) {
+        self.files.set_page_sink(sink);
     }
 
     /// The inode number of `.stagefs/stats`.
@@ -565,7 +572,12 @@ impl FsCore {
             Node::Source(id) => Ok(attr_of(ino, &self.node_attr(id)?)),
             Node::Virtual(Virtual::ControlDir) => Ok(self.control_attr(ino, FileKind::Dir, 0)),
             Node::Virtual(Virtual::Stats) => {
-                Ok(self.control_attr(ino, FileKind::File, self.stats_json().len() as u64))
+                let mut a = self.control_attr(ino, FileKind::File, self.stats_json().len() as u64);
+                // A new mtime at every look: with FUSE_AUTO_INVAL_DATA the kernel then drops
+                // the pages it kept of the file (it keeps pages across opens when opens are
+                // skipped), so every read of the stats is fresh.
+                a.mtime = SystemTime::now();
+                Ok(a)
             }
             Node::Virtual(Virtual::ViewDir(rel)) if rel.as_os_str().is_empty() => {
                 Ok(self.virtual_attr(ino, FileKind::Dir, 0, None))

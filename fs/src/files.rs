@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::FsError;
 use crate::snapshot::{NodeAttr, NodeId, Snapshot};
+use crate::walk::PageSink;
 
 /// No entry bound.
 const NONE: u32 = u32::MAX;
@@ -88,6 +89,7 @@ pub struct Files {
     active: Mutex<LruCache<NodeId, Arc<FileState>>>,
     cross_file: usize,
     xfile: Mutex<Option<SyncSender<NodeId>>>,
+    sink: RwLock<Option<Arc<dyn PageSink>>>,
 }
 
 impl Files {
@@ -102,7 +104,24 @@ impl Files {
             active: Mutex::new(LruCache::new(cap)),
             cross_file,
             xfile: Mutex::new(None),
+            sink: RwLock::new(None),
         })
+    }
+
+    /// The snapshot the files belong to.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    /// Lets the walker push cached files into the kernel's page cache through `sink` (the
+    /// fuser adapter's notifier), or stops it (`None`).
+    pub fn set_page_sink(&self, sink: Option<Arc<dyn PageSink>>) {
+        *self.sink.write().unwrap_or_else(|p| p.into_inner()) = sink;
+    }
+
+    /// The page sink, if pushing is on.
+    pub fn page_sink(&self) -> Option<Arc<dyn PageSink>> {
+        self.sink.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The fetcher.
@@ -119,7 +138,7 @@ impl Files {
     }
 
     /// The entry bound to `node`, if any.
-    fn bound(&self, node: NodeId) -> Option<EntryId> {
+    pub fn bound(&self, node: NodeId) -> Option<EntryId> {
         let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
         let id = t.get(node as usize)?.load(Relaxed);
         (id != NONE).then_some(id)
@@ -315,6 +334,13 @@ impl Files {
         if attr.kind != FileKind::File || attr.size == 0 {
             return Vec::new();
         }
+        // Cached already: one check, no read state built.
+        if self
+            .bound(node)
+            .is_some_and(|e| self.store().is_complete(e))
+        {
+            return Vec::new();
+        }
         let Ok(s) = self.state(node, &attr) else {
             return Vec::new();
         };
@@ -352,48 +378,9 @@ impl Files {
         let me = self.clone();
         Ok(Some(
             std::thread::Builder::new()
-                .name("stagefs-xfile".into())
-                .spawn(move || me.cross_file_loop(rx))?,
+                .name("stagefs-walk".into())
+                .spawn(move || crate::walk::run(&me, rx, me.cross_file))?,
         ))
-    }
-
-    fn cross_file_loop(&self, rx: Receiver<NodeId>) {
-        // Per directory: the range of child positions already handed out, so a reader walking
-        // a directory costs one hand-out per half window, not one per file.
-        let mut handed: LruCache<NodeId, (usize, usize)> =
-            LruCache::new(NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN));
-        for node in rx {
-            let (Some(dir), Some(name)) = (self.snapshot.parent(node), self.snapshot.name(node))
-            else {
-                continue;
-            };
-            let Some(pos) = position(&self.snapshot, dir, &name) else {
-                continue;
-            };
-            let count = self.cross_file;
-            let (lo, hi) = handed.get(&dir).copied().unwrap_or((0, 0));
-            let inside = lo <= pos && pos <= hi;
-            if inside && hi.saturating_sub(pos) > count / 2 {
-                continue;
-            }
-            let start = if inside { hi.max(pos + 1) } else { pos + 1 };
-            let end = pos + 1 + count;
-            handed.put(dir, (if inside { lo } else { pos }, end));
-            let mut next = Vec::new();
-            let _ = self.snapshot.read_dir(dir, start, |i, id, _, attr| {
-                if i >= end {
-                    return false;
-                }
-                if attr.kind == FileKind::File && attr.size <= SMALL_FILE {
-                    next.push(id);
-                }
-                true
-            });
-            for id in next {
-                let wants = self.missing_blocks(id);
-                self.fetcher.prefetch(wants, Priority::ReadAhead);
-            }
-        }
     }
 
     /// Ends the cross-file thread (it exits when its channel closes).
@@ -464,34 +451,4 @@ impl Files {
         debug!(files = files.len(), total, "staging plan");
         (stagefs_prefetch::staging::order(files), total)
     }
-}
-
-/// The index of `name` among the children of `dir` (in name order): a binary search of
-/// single-entry listings, O(log n) for a directory of any size.
-fn position(snapshot: &Snapshot, dir: NodeId, name: &[u8]) -> Option<usize> {
-    let at = |i: usize| {
-        let mut got = None;
-        snapshot
-            .read_dir(dir, i, |_, _, n, _| {
-                got = Some(n.as_bytes().to_vec());
-                false
-            })
-            .ok()?;
-        got
-    };
-    let (mut lo, mut hi) = (0usize, 1usize);
-    // Find an upper bound by doubling, then bisect.
-    while at(hi).is_some_and(|n| n.as_slice() <= name) {
-        lo = hi;
-        hi *= 2;
-    }
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        match at(mid) {
-            Some(n) if n.as_slice() < name => lo = mid + 1,
-            Some(n) if n.as_slice() == name => return Some(mid),
-            _ => hi = mid,
-        }
-    }
-    (at(lo).as_deref() == Some(name)).then_some(lo)
 }

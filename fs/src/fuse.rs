@@ -39,6 +39,62 @@ pub static DROPPED_REPLIES: std::sync::atomic::AtomicU64 = std::sync::atomic::At
 /// it offers: 128 KiB for most mounts unless an admin raises the bdi's read_ahead_kb).
 pub const MAX_READAHEAD: u32 = 1 << 20;
 
+/// Background (read-ahead) requests the kernel may have in flight to the daemon: a few per FUSE
+/// thread; congestion is declared at 3/4 of it.
+pub const MAX_BACKGROUND: u16 = 64;
+
+/// How many lookups of each source inode the kernel holds (entries it was handed by `lookup`
+/// and `readdirplus`, minus what it forgot). A page pushed into an inode the kernel does not
+/// hold is dropped on the floor, so the walker pushes only to inodes counted here: a reader
+/// that listed the directory (ImageFolder does) gets pushes, one that opens paths from a list
+/// costs no pushing. 4 bytes per file.
+#[derive(Default)]
+pub struct Lookups {
+    counts: std::sync::RwLock<Vec<std::sync::atomic::AtomicU32>>,
+}
+
+impl Lookups {
+    fn slot(ino: u64) -> Option<usize> {
+        (ino > crate::inode::ROOT_INO && ino < crate::inode::VIRTUAL_BASE).then_some(ino as usize)
+    }
+
+    /// The kernel was handed one more lookup of `ino`.
+    pub fn add(&self, ino: u64) {
+        let Some(i) = Self::slot(ino) else { return };
+        {
+            let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = c.get(i) {
+                n.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+        let mut c = self.counts.write().unwrap_or_else(|p| p.into_inner());
+        let want = (i + 1).next_power_of_two();
+        while c.len() < want {
+            c.push(std::sync::atomic::AtomicU32::new(0));
+        }
+        c[i].fetch_add(1, Relaxed);
+    }
+
+    /// The kernel forgot `n` lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let Some(i) = Self::slot(ino) else { return };
+        let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = c.get(i) {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            let _ = k.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
+        }
+    }
+
+    /// Whether the kernel holds inode `ino`.
+    pub fn held(&self, ino: u64) -> bool {
+        let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+        Self::slot(ino)
+            .and_then(|i| c.get(i))
+            .is_some_and(|k| k.load(Relaxed) > 0)
+    }
+}
+
 /// Backing files registered for passthrough: one id per inode, shared by its handles.
 #[derive(Default)]
 pub struct BackingCache {
@@ -52,6 +108,7 @@ pub struct FuseFs {
     passthrough: AtomicBool,
     skip_open: bool,
     readdirplus: bool,
+    lookups: Arc<Lookups>,
     backing: Mutex<BackingCache>,
 }
 
@@ -60,12 +117,20 @@ impl FuseFs {
     /// answers the first `open` with `ENOSYS`, after which the kernel opens files without
     /// asking (`FUSE_NO_OPEN_SUPPORT`: no open or release round trip per file, and the page
     /// cache kept across opens). Passthrough needs opens, so it wins when granted.
-    pub fn new(core: Arc<FsCore>, passthrough: bool, skip_open: bool, readdirplus: bool) -> FuseFs {
+    /// `lookups` counts what the kernel holds (shared with the page pusher).
+    pub fn new(
+        core: Arc<FsCore>,
+        passthrough: bool,
+        skip_open: bool,
+        readdirplus: bool,
+        lookups: Arc<Lookups>,
+    ) -> FuseFs {
         FuseFs {
             core,
             passthrough: AtomicBool::new(passthrough),
             skip_open,
             readdirplus,
+            lookups,
             backing: Mutex::new(BackingCache::default()),
         }
     }
@@ -117,6 +182,12 @@ fn attr(a: &Attr) -> FileAttr {
 }
 
 impl FuseFs {
+    /// The stats file changes as counters grow: its attributes are never cached, and each look
+    /// at them shows a new mtime, which makes the kernel drop its pages (`FUSE_AUTO_INVAL_DATA`).
+    fn changing(&self, a: &Attr) -> bool {
+        a.ino == self.core.stats_ino()
+    }
+
     fn ttl(&self) -> Duration {
         self.core.ttl()
     }
@@ -127,8 +198,15 @@ impl Filesystem for FuseFs {
         if let Err(max) = config.set_max_readahead(MAX_READAHEAD) {
             let _ = config.set_max_readahead(max);
         }
+        // Kernel read-ahead of small files arrives as background requests: 8 readers each with
+        // a request or two in flight exceed fuser's default of 16 (the kernel then makes
+        // readers wait for a slot, not for the daemon).
+        let _ = config.set_max_background(MAX_BACKGROUND);
         // Each is an optimisation the kernel may not offer: take what it has.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Pages are dropped when a file's mtime changes: only the stats file's ever does
+        // (under --revalidate, a source file's too, which is then what is wanted).
+        let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
         if self.readdirplus {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
@@ -145,17 +223,22 @@ impl Filesystem for FuseFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match guard("lookup", || self.core.lookup(parent.0, name)) {
-            Ok(a) => reply.entry(&self.ttl(), &attr(&a), Generation(0)),
+            Ok(a) if self.changing(&a) => reply.entry(&Duration::ZERO, &attr(&a), Generation(0)),
+            Ok(a) => {
+                self.lookups.add(a.ino);
+                reply.entry(&self.ttl(), &attr(&a), Generation(0))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.lookups.forget(ino.0, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match guard("getattr", || self.core.getattr(ino.0)) {
-            // The stats file changes size as counters grow: never cache its attributes.
-            Ok(a) if a.ino >= crate::inode::VIRTUAL_BASE && a.kind == FileKind::File => {
-                reply.attr(&Duration::ZERO, &attr(&a))
-            }
+            Ok(a) if self.changing(&a) => reply.attr(&Duration::ZERO, &attr(&a)),
             Ok(a) => reply.attr(&self.ttl(), &attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -313,14 +396,19 @@ impl Filesystem for FuseFs {
             self.core.readdir(ino.0, offset, |e| {
                 // `.` and `..` carry no entry the kernel could cache (their attributes are
                 // not looked up by name).
-                reply.add(
+                let full = reply.add(
                     INodeNo(e.ino),
                     e.offset,
                     e.name,
                     &ttl,
                     &attr(&e.attr),
                     Generation(0),
-                )
+                );
+                // The kernel counts a lookup for every entry but `.` and `..`.
+                if !full && e.name != "." && e.name != ".." {
+                    self.lookups.add(e.ino);
+                }
+                full
             })
         });
         match r {

@@ -7,6 +7,7 @@
 //!
 //! - [`snapshot`]: the tree's metadata, listed once with many requests in flight, persisted.
 //! - [`files`]: source files through the cache (node → entry binding, read path, prefetch).
+//! - [`walk`]: following readers through directories (cross-file prefetch, page pushes).
 //! - [`views`]: the `.npy/` tree.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 
@@ -19,6 +20,7 @@ pub mod inode;
 pub mod mount;
 pub mod snapshot;
 pub mod views;
+pub mod walk;
 
 pub use crate::core::{FsConfig, FsCore};
 pub use error::FsError;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL, SessionUnmounter};
 
 use crate::core::FsCore;
-use crate::fuse::FuseFs;
+use crate::fuse::{FuseFs, Lookups};
 
 /// Session options.
 #[derive(Clone, Debug)]
@@ -24,8 +24,26 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Let the kernel open files without asking the daemon (see [`FuseFs::new`]).
     pub skip_open: bool,
+    /// Push cached files into the kernel's page cache ahead of in-order readers
+    /// ([`crate::walk`]).
+    pub push: bool,
     /// Listings carry attributes (readdirplus): no lookup per file after a listing.
     pub readdirplus: bool,
+}
+
+/// Pushes pages through the session's notifier (`FUSE_NOTIFY_STORE`).
+/// Only inodes the kernel holds: it drops pages pushed to others (and answers ENOENT, which
+/// fuser does not pass on).
+struct NotifySink(fuser::Notifier, Arc<Lookups>);
+
+impl crate::walk::PageSink for NotifySink {
+    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> bool {
+        self.1.held(ino) && self.0.store(fuser::INodeNo(ino), offset, data).is_ok()
+    }
+
+    fn holds(&self, ino: u64) -> bool {
+        self.1.held(ino)
+    }
 }
 
 /// A live mount.
@@ -64,32 +82,19 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
+    let lookups = Arc::new(Lookups::default());
     let fs = FuseFs::new(
         core.clone(),
         opts.passthrough,
         opts.skip_open,
         opts.readdirplus,
+        lookups.clone(),
     );
     let mut session = Session::new(fs, mountpoint, &cfg)?;
     let unmounter = session.unmount_callable();
     let session = session.spawn()?;
-    if opts.skip_open {
-        // Without opens the kernel keeps every file's pages, the stats file's too: drop its
-        // pages every second so that a read of it is at most that old.
-        let notifier = session.notifier();
-        let weak = Arc::downgrade(&core);
-        std::thread::Builder::new()
-            .name("stagefs-statsinval".into())
-            .spawn(move || {
-                while let Some(core) = weak.upgrade() {
-                    if core.stopped() {
-                        break;
-                    }
-                    let _ = notifier.inval_inode(fuser::INodeNo(core.stats_ino()), 0, 0);
-                    drop(core);
-                    std::thread::sleep(std::time::Duration::from_secs(1));
-                }
-            })?;
+    if opts.push {
+        core.set_page_sink(Some(Arc::new(NotifySink(session.notifier(), lookups))));
     }
     Ok(Mounted {
         session,

@@ -33,6 +33,11 @@ pub struct Stats {
     /// Bytes handed to readers by kernel passthrough, counted as the whole file's size at each
     /// passthrough open (the daemon does not see those reads).
     pub bytes_passthrough: AtomicU64,
+    /// Bytes handed to the kernel's page cache ahead of an in-order reader (pushed from the
+    /// cache; the reader's reads of them never reach the daemon).
+    pub bytes_pushed: AtomicU64,
+    /// Files pushed ahead of an in-order reader.
+    pub files_pushed: AtomicU64,
     /// Reads (FUSE read requests) on source files.
     pub reads: AtomicU64,
     /// Blocks found in the cache on a demand read.
@@ -84,6 +89,10 @@ pub struct StatsSnapshot {
     pub bytes_passthrough: u64,
     /// Seconds during which at least one reader was waiting on the source.
     pub stall_s: f64,
+    /// Bytes pushed into the kernel's page cache ahead of in-order readers.
+    pub bytes_pushed: u64,
+    /// Files pushed ahead of in-order readers.
+    pub files_pushed: u64,
     /// Read requests.
     pub reads: u64,
     /// Demand block hits.
@@ -148,6 +157,8 @@ impl Default for Stats {
             bytes_from_source: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             bytes_passthrough: AtomicU64::new(0),
+            bytes_pushed: AtomicU64::new(0),
+            files_pushed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             block_hits: AtomicU64::new(0),
             block_misses: AtomicU64::new(0),
@@ -225,6 +236,8 @@ impl Stats {
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
             stall_s: stall as f64 / 1e9,
+            bytes_pushed: self.bytes_pushed.load(Relaxed),
+            files_pushed: self.files_pushed.load(Relaxed),
             reads: self.reads.load(Relaxed),
             block_hits: self.block_hits.load(Relaxed),
             block_misses: self.block_misses.load(Relaxed),

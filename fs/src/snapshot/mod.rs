@@ -396,6 +396,44 @@ impl Snapshot {
         }
     }
 
+    /// The directory holding node `id` and `id`'s index in its listing (name order): O(1) for
+    /// a directory as listed (children are an id range), a binary search by name after a
+    /// revalidation re-listed it. How the cross-file walker follows a reader through a
+    /// directory without copying names.
+    pub fn position(&self, id: NodeId) -> Option<(NodeId, usize)> {
+        let t = self.inner.read();
+        let parent = t.node(id).map(|n| n.parent).filter(|&p| p != NO_PARENT)?;
+        let d = t.dir_index(parent)?;
+        let kids = t.kids(d);
+        let i = match kids {
+            tree::Kids::Range(first, count) => {
+                let i = id.checked_sub(first)?;
+                (i < count).then_some(i as usize)?
+            }
+            tree::Kids::List(l) => {
+                let name = t.name(id);
+                l.binary_search_by(|k| t.name(*k).cmp(name)).ok()?
+            }
+        };
+        Some((parent, i))
+    }
+
+    /// The children of directory `dir` at listing indexes `range` (clamped), with their
+    /// attributes; entries skipped or gone are left out. No names are copied.
+    pub fn children(&self, dir: NodeId, range: std::ops::Range<usize>) -> Vec<(NodeId, NodeAttr)> {
+        let t = self.inner.read();
+        let Some(d) = t.dir_index(dir) else {
+            return Vec::new();
+        };
+        let kids = t.kids(d);
+        (range.start..range.end.min(kids.len()))
+            .filter_map(|i| {
+                let id = kids.get(i);
+                t.attr(id).map(|a| (id, a))
+            })
+            .collect()
+    }
+
     /// The name of node `id` (empty for the root).
     pub fn name(&self, id: NodeId) -> Option<Vec<u8>> {
         let t = self.inner.read();
