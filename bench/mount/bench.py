@@ -34,7 +34,9 @@ def commit() -> str:
 
 def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} CPUs, {mem:.0f} GiB RAM, kernel {platform.release()}"
+    scratch = os.environ.get("BENCH_SCRATCH", "?")
+    return (f"{os.cpu_count()} CPUs, {mem:.0f} GiB RAM, kernel {platform.release()}, "
+            f"scratch {scratch}")
 
 
 def note(path: str, part: str, **kw) -> None:

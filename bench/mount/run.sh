@@ -12,10 +12,14 @@
 # (RATE_MBS, over all connections) and `delay` filter (DELAY_MS per read request), exposed as a
 # file by nbdfuse (this kernel has no nbd module), attached read-only to a loop device with
 # direct I/O (so the page cache holds each block once) and mounted ext4. nbdkit runs with
-# cache=none, so `echo 3 > drop_caches` empties every layer. Node-local scratch is a tmpfs
-# ($WORK/ram, RAM_SIZE): the VM's virtual disk is slower than the emulated shared storage, while
-# real scratch NVMe reads at GB/s; the backend image lives there too (generated once per set of
-# sizes, kept until `clean` or a reboot), so the rate filter, not the VM disk, limits /bigdata.
+# cache=none, so `echo 3 > drop_caches` empties every layer. The backend image lives in a tmpfs
+# ($WORK/ram, RAM_SIZE; generated once per set of sizes, kept until `clean` or a reboot), so the
+# rate filter, not the VM's disk, limits /bigdata. Node-local scratch (the rsync copy and the
+# stagefs caches) is, by default (SCRATCH_FS=ext4), ext4 on a loop device over a sparse file in
+# that tmpfs, mounted with discard: a RAM-backed block device, faster than real NVMe, whose page
+# cache `drop_caches` empties — as a node's NVMe behaves under a dataset larger than RAM. (The
+# VM's own disk is slower than the emulated shared storage; a plain tmpfs, SCRATCH_FS=tmpfs,
+# cannot be dropped: every "cold" local epoch would be a page-cache epoch.)
 # Part 2 generates SCALE_FILES tiny files (holes, ~0.2 GB of disk for 1.28 M) under $WORK on the
 # host disk, once, scaled down (and said so) if the inodes or the RAM disk for its cache do not
 # allow that many.
@@ -29,7 +33,7 @@
 # SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq,
 # DATASETS=small,large, SIDES=seed,user,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
 # SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
-# run), CACHE_SIZE=8G (the mounts' --cache-size).
+# run), CACHE_SIZE=8G (the mounts' --cache-size), SCRATCH_FS=ext4|tmpfs, SCRATCH_SIZE=9g.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -52,13 +56,16 @@ SCALE_ROUNDS=${SCALE_ROUNDS:-$ROUNDS}
 CACHE_SIZE=${CACHE_SIZE:-8G}
 PY=/usr/bin/python3  # not a venv's: the unprivileged user runs it too
 
-RAM=$WORK/ram          # tmpfs: node-local scratch, and the backend image
+SCRATCH_FS=${SCRATCH_FS:-ext4}
+SCRATCH_SIZE=${SCRATCH_SIZE:-9g}
+RAM=$WORK/ram          # tmpfs: the backend image, and scratch's backing file
 IMG=$RAM/backend.img
 PARAMS="large=${LARGE_FILES}x${LARGE_MB}MB small=${SMALL_FILES}x${SMALL_KB}KB/${SMALL_CLASSES}"
 SOCK=$WORK/nbdkit.sock
 NBD=$WORK/nbd          # nbdfuse mountpoint; the device is the file $NBD/disk
 BIGDATA=$WORK/bigdata  # the slow filesystem (ext4, read-only)
-SCRATCH=$RAM/scratch   # rsync targets and stagefs caches: $SCRATCH/user (0700, BENCH_USER), /root
+# rsync targets and stagefs caches: $SCRATCH/user (0700, BENCH_USER), /root
+if [ "$SCRATCH_FS" = ext4 ]; then SCRATCH=$WORK/scratch; else SCRATCH=$RAM/scratch; fi
 MNT=$WORK/mnt          # the stagefs mountpoint (owned by BENCH_USER)
 BIN=$WORK/bin          # copies of the scripts and binary, readable by BENCH_USER wherever the
                        # checkout lives
@@ -83,6 +90,7 @@ teardown() {
     "$BIN/stagefs" umount --lazy "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" || umount -l "$MNT"
   fi
   mounted "$BIGDATA" && umount "$BIGDATA"
+  mounted "$WORK/scratch" && umount "$WORK/scratch"
   for dev in $(losetup -j "$NBD/disk" -O NAME -n 2>/dev/null); do losetup -d "$dev"; done
   mounted "$NBD" && fusermount3 -u "$NBD"
   if [ -f "$WORK/nbdkit.pid" ]; then
@@ -127,7 +135,20 @@ COMMIT=$(git -C "$REPO" describe --always --dirty --abbrev=12 2>/dev/null || ech
 export BENCH_COMMIT="$COMMIT (binary $(stat -c %y "$STAGEFS_SRC" | cut -d. -f1))"
 mountpoint -q "$RAM" || mount -t tmpfs -o size="$RAM_SIZE",mode=0755 stagefs-bench "$RAM"
 trap teardown EXIT
-rm -rf "$SCRATCH"
+case $SCRATCH_FS in
+  ext4)
+    mkdir -p "$SCRATCH"
+    rm -f "$RAM/scratch.img"
+    truncate -s "$SCRATCH_SIZE" "$RAM/scratch.img"
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$RAM/scratch.img"
+    mount -o loop,discard "$RAM/scratch.img" "$SCRATCH"
+    log "scratch: ext4 on $(findmnt -n -o SOURCE "$SCRATCH") over $RAM/scratch.img ($SCRATCH_SIZE, RAM)"
+    ;;
+  tmpfs) log "scratch: the tmpfs $RAM (drop_caches cannot empty it)" ;;
+  *) die "SCRATCH_FS must be ext4 or tmpfs" ;;
+esac
+export BENCH_SCRATCH="$SCRATCH_FS"
+rm -rf "$SCRATCH"/*
 mkdir -p "$SCRATCH/user" "$SCRATCH/root"
 chown "$BENCH_USER:" "$SCRATCH/user" && chmod 0700 "$SCRATCH/user" "$SCRATCH/root"
 chmod 0755 "$SCRATCH"
@@ -183,10 +204,12 @@ part_levers() {
 part_scale() {
   # Fit N to the host: one inode per file (plus 10% and 100k spare) on $WORK's filesystem,
   # and the cache (files are packed 4 KiB-aligned: ~4.6 KB per 1-4 KB file with the index) in
-  # what the RAM disk has free.
+  # what scratch (and the RAM disk under it) has free.
   local n=$SCALE_FILES free_inodes ram_free fit
   free_inodes=$(df --output=iavail "$WORK" | tail -1)
   ram_free=$(($(df --output=avail -B1 "$RAM" | tail -1) - 256 * 1024 * 1024))
+  fit=$(($(df --output=avail -B1 "$SCRATCH" | tail -1) - 256 * 1024 * 1024))
+  [ "$fit" -lt "$ram_free" ] && ram_free=$fit
   fit=$(((free_inodes - 100000) * 10 / 11))
   if [ "$fit" -lt "$n" ]; then
     log "scale: only $free_inodes free inodes on $WORK: N scaled down from $n to $fit"
