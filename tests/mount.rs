@@ -668,3 +668,49 @@ fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
     );
     assert_eq!(s["error_count"], 0, "{s}");
 }
+
+/// Regression: with opens skipped, the stats file was rendered afresh for the size and for
+/// every read request, so a reader got the size of one rendering and bytes of others (torn
+/// JSON under activity). Read in small pieces while eight threads read the tree.
+#[test]
+fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
+    if common::skip_without_fuse() {
+        return;
+    }
+    let (tmp, src) = fresh();
+    let files = make_tree(&src);
+    // No passthrough: as root it would keep opens, and with them a rendering per open.
+    let m = Mount::new(tmp.path(), &src, &["--no-passthrough"]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, mnt, files) = (stop.clone(), m.mnt.clone(), files.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for f in &files {
+                        let _ = fs::read(mnt.join(f));
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..200 {
+        let mut f = fs::File::open(m.mnt.join(".stagefs/stats")).unwrap();
+        let (mut all, mut buf) = (Vec::new(), [0u8; 512]);
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(&all) {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            panic!("torn stats ({e}): {}", String::from_utf8_lossy(&all));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+}

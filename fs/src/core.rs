@@ -46,6 +46,13 @@ pub const CROSS_FILE_COUNT: usize = 32;
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(2);
 /// Name of the snapshot persisted in the cache directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
+/// One rendering of the stats file: when it was made (monotonic, and as its mtime), its bytes.
+type StatsView = (Instant, SystemTime, Arc<[u8]>);
+
+/// How long one rendering of the stats file is served to readers without a handle: long
+/// enough for a reader's attribute request and its reads to see one rendering, short enough
+/// that a poll sees counters move.
+pub const STATS_VIEW_AGE: Duration = Duration::from_millis(100);
 /// Complete large files waiting for background verification before passthrough.
 const VERIFY_QUEUE: usize = 64;
 
@@ -174,6 +181,8 @@ pub struct FsCore {
     verify: Mutex<Option<SyncSender<EntryId>>>,
     /// Where the snapshot came from (for the stats).
     origin: &'static str,
+    /// The stats file's current rendering (see [`FsCore::stats_view`]).
+    stats_view: Mutex<Option<StatsView>>,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -239,6 +248,7 @@ impl FsCore {
             loaded_views: Mutex::new(Vec::new()),
             verify: Mutex::new(None),
             origin,
+            stats_view: Mutex::new(None),
             cfg,
         });
         core.start(loaded, origin == "cache")?;
@@ -572,11 +582,12 @@ impl FsCore {
             Node::Source(id) => Ok(attr_of(ino, &self.node_attr(id)?)),
             Node::Virtual(Virtual::ControlDir) => Ok(self.control_attr(ino, FileKind::Dir, 0)),
             Node::Virtual(Virtual::Stats) => {
-                let mut a = self.control_attr(ino, FileKind::File, self.stats_json().len() as u64);
-                // A new mtime at every look: with FUSE_AUTO_INVAL_DATA the kernel then drops
-                // the pages it kept of the file (it keeps pages across opens when opens are
-                // skipped), so every read of the stats is fresh.
-                a.mtime = SystemTime::now();
+                let (taken, bytes) = self.stats_view();
+                let mut a = self.control_attr(ino, FileKind::File, bytes.len() as u64);
+                // A new mtime with every new view: with FUSE_AUTO_INVAL_DATA the kernel then
+                // drops the pages it kept of the file (it keeps pages across opens when opens
+                // are skipped), so a read after that sees the new view.
+                a.mtime = taken;
                 Ok(a)
             }
             Node::Virtual(Virtual::ViewDir(rel)) if rel.as_os_str().is_empty() => {
@@ -840,7 +851,7 @@ impl FsCore {
                 self.files.read(&state, &state.ra, offset, size)
             }
             Node::Virtual(Virtual::Stats) => {
-                let s = self.stats_json().into_bytes();
+                let (_, s) = self.stats_view();
                 let start = (offset as usize).min(s.len());
                 let end = start.saturating_add(size as usize).min(s.len());
                 Ok(ReadData::Gathered(s[start..end].to_vec()))
@@ -880,6 +891,24 @@ impl FsCore {
             } = &*h
             {
                 self.store.unpin(*id);
+            }
+        }
+    }
+
+    /// The stats file as a reader without a handle sees it: one rendering shared by the
+    /// `getattr` that gives its size and the reads that follow, made afresh once it is
+    /// [`STATS_VIEW_AGE`] old. Without opens the kernel asks for attributes before each read
+    /// call and may split one call into several reads: rendering per request would hand a
+    /// reader the size of one rendering and bytes of others.
+    fn stats_view(&self) -> (SystemTime, Arc<[u8]>) {
+        let mut v = lock(&self.stats_view);
+        match &*v {
+            Some((at, taken, bytes)) if at.elapsed() < STATS_VIEW_AGE => (*taken, bytes.clone()),
+            _ => {
+                let bytes: Arc<[u8]> = self.stats_json().into_bytes().into();
+                let taken = SystemTime::now();
+                *v = Some((Instant::now(), taken, bytes.clone()));
+                (taken, bytes)
             }
         }
     }
