@@ -29,7 +29,8 @@ WARM = [  # (name, mount flags, kernel read-ahead KiB or None)
     ("--fuse-threads 16", ["--fuse-threads", "16"], None),
     ("--no-staging", ["--no-staging"], None),
     ("--revalidate 1", ["--revalidate", "1"], None),
-    ("--skip-open", ["--skip-open"], None),
+    ("--daemon-opens (FUSE's default: open and release asked)", ["--daemon-opens"], None),
+    ("--no-push", ["--no-push"], None),
     ("--no-readdirplus", ["--no-readdirplus"], None),
     ("read_ahead_kb=1024 (sysfs, root)", [], 1024),
 ]

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::cachedir::CacheDir;
+use stagefs_prefetch::store::FORMAT_DIR;
 use stagefs_prefetch::{
     CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
     StatsSnapshot, StoreConfig,
@@ -220,15 +222,22 @@ impl FsCore {
     /// [`new`](Self::new) over any [`Source`] (tests inject slow or failing ones).
     pub fn with_source(cfg: FsConfig, source: Arc<dyn Source>) -> Result<Arc<FsCore>, FsError> {
         let stats = Arc::new(Stats::default());
-        let (store, loaded) = CacheStore::open(
-            &StoreConfig {
-                dir: cfg.cache_dir.clone(),
-                capacity: cfg.cache_size,
-            },
-            stats.clone(),
-        )?;
+        let store_cfg = StoreConfig {
+            dir: cfg.cache_dir.clone(),
+            capacity: cfg.cache_size,
+        };
+        // The directory first (created and checked once), then the cache index replays on one
+        // thread while the snapshot loads on this one: a remount with a million cached files is
+        // both, on different files, and each is a second of CPU.
+        let dir = CacheDir::open(&cfg.cache_dir)?.subdir(FORMAT_DIR)?;
+        let (opened, snapshot) = std::thread::scope(|sc| {
+            let replay = sc.spawn(|| CacheStore::open(&store_cfg, stats.clone()));
+            let snapshot = Self::open_snapshot(&cfg, &dir, source.clone());
+            (replay.join(), snapshot)
+        });
+        let (store, loaded) = opened.map_err(|_| FsError::Internal)??;
         let store = Arc::new(store);
-        let (snapshot, origin) = Self::open_snapshot(&cfg, &store, source.clone())?;
+        let (snapshot, origin) = snapshot?;
         let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
         let files = Files::new(snapshot.clone(), fetcher.clone(), cfg.cross_file);
         let stop = Arc::new(AtomicBool::new(false));
@@ -259,7 +268,7 @@ impl FsCore {
     /// else a fresh listing. The flag says whether it is already persisted in the cache.
     fn open_snapshot(
         cfg: &FsConfig,
-        store: &CacheStore,
+        dir: &CacheDir,
         source: Arc<dyn Source>,
     ) -> Result<(Arc<Snapshot>, &'static str), FsError> {
         if let Some(index) = &cfg.index {
@@ -275,8 +284,8 @@ impl FsCore {
             s.attach_source(source);
             return Ok((s, "index"));
         }
-        if !cfg.rescan && store.dir().exists(SNAPSHOT_FILE) {
-            match Snapshot::load_from(store.dir(), SNAPSHOT_FILE) {
+        if !cfg.rescan && dir.exists(SNAPSHOT_FILE) {
+            match Snapshot::load_from(dir, SNAPSHOT_FILE) {
                 Ok(s) if s.source_root() == cfg.source => {
                     info!(
                         nodes = s.len(),
@@ -376,22 +385,25 @@ impl FsCore {
         if !self.cfg.stage {
             return;
         }
-        let (plan, total) = self.files.staging_plan();
         let capacity = self.store.capacity();
-        if total > capacity {
-            info!(
-                total,
-                capacity, "tree larger than the cache: no background staging"
-            );
-            return;
-        }
+        let planner = self.files.clone();
+        let plan = move || {
+            let (plan, total) = planner.staging_plan();
+            if total > capacity {
+                info!(
+                    total,
+                    capacity, "tree larger than the cache: no background staging"
+                );
+                return None;
+            }
+            Some((plan, total))
+        };
         let files = self.files.clone();
         let wants: stagefs_prefetch::staging::WantsOf<NodeId> =
             Arc::new(move |node: &NodeId| files.missing_blocks(*node));
         match stagefs_prefetch::staging::spawn(
             self.fetcher.clone(),
             plan,
-            total,
             wants,
             self.stop.clone(),
         ) {

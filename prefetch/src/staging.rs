@@ -34,17 +34,19 @@ pub fn order<T>(files: Vec<(T, u64)>) -> Vec<T> {
 /// are created as staging goes rather than all at once).
 pub type WantsOf<T> = Arc<dyn Fn(&T) -> Vec<Want> + Send + Sync>;
 
-/// Starts staging `plan` (already ordered, `total` bytes) into the cache.
+/// Starts staging into the cache: `plan` (run on the staging thread, since ordering a
+/// million-file tree takes a while and the mount need not wait for it) gives the items in
+/// order and their total bytes, or `None` when there is nothing to stage.
 pub fn spawn<T: Send + 'static>(
     fetcher: Fetcher,
-    plan: Vec<T>,
-    total: u64,
+    plan: impl FnOnce() -> Option<(Vec<T>, u64)> + Send + 'static,
     wants: WantsOf<T>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("stagefs-stage".into())
         .spawn(move || {
+            let Some((plan, total)) = plan() else { return };
             fetcher.stats().staging_target.store(total, Relaxed);
             info!(
                 files = plan.len(),

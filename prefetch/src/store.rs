@@ -45,7 +45,8 @@ use crate::BLOCK_SIZE;
 /// below the descriptor limit.
 pub const OPEN_DATA_FILES: usize = 256;
 /// Name of the format directory; caches of other formats beside it are removed at open.
-const FORMAT_DIR: &str = "v2";
+/// The cache format's directory inside the cache directory (index, segments, files, snapshot).
+pub const FORMAT_DIR: &str = "v2";
 const INDEX: &str = "index.log";
 /// Largest index accepted at load: 64 GiB is far beyond any real cache's (≈ 100 B per block).
 const MAX_INDEX_BYTES: u64 = 64 << 30;

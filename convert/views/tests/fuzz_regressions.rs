@@ -92,3 +92,14 @@ fn parquet_dictionary_page_missing_fails_view_not_process() {
         "{errors:?}"
     );
 }
+
+/// Fuzzer finding (`image_render`, slow): a 732-byte JPEG whose header declares 62979×905
+/// pixels cost ~170 MB and seconds of CPU per decode before failing as truncated. It is now
+/// refused from its header: more pixels than its byte count can hold.
+#[test]
+fn jpeg_declaring_57_mpx_in_732_bytes_is_refused_before_decoding() {
+    let bytes = include_bytes!("../../../fuzz/findings/image_render_slow_jpeg_bomb.jpg");
+    let mut out = vec![0u8; 3 * 16 * 16];
+    let err = stagefs_views::image::decode::render(bytes, 16, &mut out).unwrap_err();
+    assert!(err.contains("more than its format can hold"), "{err}");
+}

@@ -146,10 +146,31 @@ pub fn render_with(
     }
 }
 
-fn check_size(width: u32, height: u32, settings: &DecodeSettings) -> Result<(), String> {
+/// Most pixels a JPEG may declare per byte of file. The leanest baseline encoding of a flat
+/// image spends a few bits per 8×8 block (DC difference + end of block), a few hundred pixels a
+/// byte; 4096 leaves a wide margin for real files and refuses a 732-byte header declaring
+/// 57 Mpx (fuzzer finding: seconds of CPU per decode, then truncated anyway).
+const JPEG_PIXELS_PER_BYTE: u64 = 4096;
+/// Most pixels a PNG may declare per byte of file: deflate expands a byte to at most ~1032,
+/// and a 1-bit image packs 8 pixels per byte (~8.3 K pixels a byte); twice that.
+const PNG_PIXELS_PER_BYTE: u64 = 16_384;
+
+fn check_size(
+    width: u32,
+    height: u32,
+    file_len: usize,
+    per_byte: u64,
+    settings: &DecodeSettings,
+) -> Result<(), String> {
     let px = u64::from(width) * u64::from(height);
     if px == 0 {
         return Err(format!("image has zero size {width}x{height}"));
+    }
+    if px / per_byte > file_len as u64 {
+        return Err(format!(
+            "image declares {width}x{height} pixels in a file of {file_len} bytes, more than \
+             its format can hold (truncated, or a decompression bomb)"
+        ));
     }
     if px > settings.max_pixels {
         return Err(format!(
@@ -316,7 +337,7 @@ fn render_jpeg(
     out: &mut [u8],
 ) -> Result<(), String> {
     let head = jpeg::header(bytes)?;
-    check_size(head.width, head.height, settings)?;
+    check_size(head.width, head.height, bytes.len(), JPEG_PIXELS_PER_BYTE, settings)?;
     let plan = plan_jpeg(&head, size, settings)?;
     let _held = settings.budget.acquire(plan.charge);
     let limits = jpeg::Limits {
@@ -382,7 +403,7 @@ fn render_png(
     out: &mut [u8],
 ) -> Result<(), String> {
     let head = png::header(bytes)?;
-    check_size(head.width, head.height, settings)?;
+    check_size(head.width, head.height, bytes.len(), PNG_PIXELS_PER_BYTE, settings)?;
     let window = Window::new(head.width, head.height, 8, size)?;
     let ch = head.channels;
     let (yl, yh) = window.v.span();
