@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
-use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::store::FORMAT_DIR;
 use stagefs_prefetch::{
     CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
@@ -401,12 +401,8 @@ impl FsCore {
         let files = self.files.clone();
         let wants: stagefs_prefetch::staging::WantsOf<NodeId> =
             Arc::new(move |node: &NodeId| files.missing_blocks(*node));
-        match stagefs_prefetch::staging::spawn(
-            self.fetcher.clone(),
-            plan,
-            wants,
-            self.stop.clone(),
-        ) {
+        match stagefs_prefetch::staging::spawn(self.fetcher.clone(), plan, wants, self.stop.clone())
+        {
             Ok(t) => lock(&self.threads).push(t),
             Err(e) => warn!(error = %e, "could not start background staging"),
         }

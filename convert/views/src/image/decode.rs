@@ -337,7 +337,13 @@ fn render_jpeg(
     out: &mut [u8],
 ) -> Result<(), String> {
     let head = jpeg::header(bytes)?;
-    check_size(head.width, head.height, bytes.len(), JPEG_PIXELS_PER_BYTE, settings)?;
+    check_size(
+        head.width,
+        head.height,
+        bytes.len(),
+        JPEG_PIXELS_PER_BYTE,
+        settings,
+    )?;
     let plan = plan_jpeg(&head, size, settings)?;
     let _held = settings.budget.acquire(plan.charge);
     let limits = jpeg::Limits {
@@ -403,7 +409,13 @@ fn render_png(
     out: &mut [u8],
 ) -> Result<(), String> {
     let head = png::header(bytes)?;
-    check_size(head.width, head.height, bytes.len(), PNG_PIXELS_PER_BYTE, settings)?;
+    check_size(
+        head.width,
+        head.height,
+        bytes.len(),
+        PNG_PIXELS_PER_BYTE,
+        settings,
+    )?;
     let window = Window::new(head.width, head.height, 8, size)?;
     let ch = head.channels;
     let (yl, yh) = window.v.span();
