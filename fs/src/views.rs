@@ -91,6 +91,34 @@ impl ByteSource for MountSource {
         Ok(done)
     }
 
+    fn read_at_append(
+        &self,
+        rel: &Path,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        let (node, attr) = self.file(rel)?;
+        let state = self.files.state(node, &attr).map_err(io::Error::other)?;
+        buf.try_reserve_exact(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
+        let mut done = 0;
+        // Cache blocks appended as they come: no zeroed staging buffer.
+        while done < len {
+            let want = (len - done).min(1 << 20) as u32;
+            let data = self
+                .files
+                .read(&state, &state.ra, offset + done as u64, want)
+                .map_err(io::Error::other)?;
+            if data.as_ref().is_empty() {
+                break;
+            }
+            buf.extend_from_slice(data.as_ref());
+            done += data.as_ref().len();
+        }
+        Ok(done)
+    }
+
     fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {
         let node = self
             .snapshot

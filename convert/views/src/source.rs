@@ -7,7 +7,7 @@
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
@@ -40,6 +40,32 @@ pub trait ByteSource: Send + Sync {
     fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
     /// The entries of the directory at `rel` (`""` is the root), in any order.
     fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>>;
+    /// Appends up to `len` bytes read at `offset` to `buf` (fewer only at end of file) and
+    /// returns the count. For large reads (a Parquet column chunk): the default zeroes the new
+    /// space and calls [`ByteSource::read_at`]; sources override it to read into the spare
+    /// capacity directly, since zeroing megabytes about to be overwritten is a measurable cost.
+    fn read_at_append(
+        &self,
+        rel: &Path,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        let start = buf.len();
+        buf.try_reserve_exact(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
+        buf.resize(start + len, 0);
+        match self.read_at(rel, offset, &mut buf[start..]) {
+            Ok(n) => {
+                buf.truncate(start + n);
+                Ok(n)
+            }
+            Err(e) => {
+                buf.truncate(start);
+                Err(e)
+            }
+        }
+    }
     /// (size, mtime) of `rel`, for cache keys; the default has no mtime.
     fn signature(&self, rel: &Path) -> io::Result<(u64, Option<SystemTime>)> {
         Ok((self.len(rel)?, None))
@@ -160,6 +186,21 @@ impl ByteSource for DirSource {
             }
         }
         Ok(done)
+    }
+
+    fn read_at_append(
+        &self,
+        rel: &Path,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        let mut file = File::open(self.resolve(rel)?)?;
+        buf.try_reserve_exact(len)
+            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
+        file.seek(io::SeekFrom::Start(offset))?;
+        // `read_to_end` reads into the reserved spare capacity without zeroing it first.
+        file.take(len as u64).read_to_end(buf)
     }
 
     fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {
