@@ -7,6 +7,7 @@
 //! releases the victims' disk space.
 
 use std::collections::HashSet;
+use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
@@ -32,6 +33,32 @@ impl Eviction {
             used: 0,
             capacity,
         }
+    }
+
+    /// An index of `blocks` in least- to most-recently-used order (a block listed again moves
+    /// to the recent end), for at most `upper` blocks: the table is sized once (a remount
+    /// inserts a block per cached small file; growing the table step by step cost 1.28 M
+    /// files' remount a tenth of its time in rehashing).
+    pub fn from_order(
+        capacity: u64,
+        upper: usize,
+        blocks: impl Iterator<Item = (BlockKey, u64)>,
+    ) -> Eviction {
+        let Some(room) = NonZeroUsize::new(upper) else {
+            return Eviction::new(capacity);
+        };
+        // Bounded by `upper` while filling, so nothing is evicted (there are at most `upper`
+        // distinct blocks); unbounded afterwards, as `new` makes it.
+        let mut e = Eviction {
+            lru: LruCache::new(room),
+            used: 0,
+            capacity,
+        };
+        for (key, len) in blocks {
+            e.insert(key, len);
+        }
+        e.lru.resize(NonZeroUsize::MAX);
+        e
     }
 
     /// Bytes of cached blocks.
@@ -153,6 +180,22 @@ mod tests {
         let pinned: HashSet<u32> = [1, 3].into_iter().collect();
         assert!(e.reserve(1, &pinned).is_none(), "only pinned blocks left");
         assert_eq!(e.used(), 2, "a failed reservation evicts nothing");
+    }
+
+    #[test]
+    fn from_order_keeps_the_recorded_order_and_grows_afterwards() {
+        // Block 1 recorded twice: it moves to the recent end, nothing is evicted.
+        let order = [(k(1, 0), 1), (k(2, 0), 2), (k(1, 0), 1), (k(3, 0), 3)];
+        let mut e = Eviction::from_order(100, order.len(), order.into_iter());
+        assert_eq!(e.keys_lru_first(), vec![k(2, 0), k(1, 0), k(3, 0)]);
+        assert_eq!(e.used(), 6);
+        // Unbounded after the bulk load: more blocks than `upper` are kept.
+        for i in 10..20 {
+            e.insert(k(i, 0), 1);
+        }
+        assert_eq!(e.len(), 13);
+        assert_eq!(e.reserve(95, &HashSet::new()).unwrap()[0], k(2, 0));
+        assert!(Eviction::from_order(5, 0, std::iter::empty()).is_empty());
     }
 
     #[test]
