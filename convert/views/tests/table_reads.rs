@@ -95,3 +95,55 @@ fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
         assert_eq!(got, (i as f64).sin(), "row {i}");
     }
 }
+
+#[test]
+fn regression_adjacent_column_chunks_read_from_the_right_chunk() {
+    // `features.npy` decodes every numeric column of a row group at once: their chunks touch
+    // (one ends where the next begins), and the next column's first page header was looked
+    // up in the previous chunk at its very end — an empty read ("failed to fill whole
+    // buffer") that failed every multi-column view of pyarrow's files.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = 50_000usize;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Float64, false),
+        Field::new("b", DataType::Float64, false),
+        Field::new("c", DataType::Float64, false),
+    ]));
+    let col = |k: f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(
+            (0..rows).map(move |i| i as f64 * k),
+        ))
+    };
+    let batch =
+        RecordBatch::try_new(schema.clone(), vec![col(1.0), col(2.0), col(-0.5)]).expect("batch");
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows / 2))
+        .build();
+    let path = dir.path().join("t.parquet");
+    let mut w = ArrowWriter::try_new(File::create(&path).expect("create"), schema, Some(props))
+        .expect("writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+
+    let set = ViewSet::new(Arc::new(DirSource::new(dir.path())), ViewOptions::default())
+        .expect("view set");
+    let view = set
+        .open(Path::new("t.parquet/features.npy"))
+        .expect("features.npy");
+    let mut out = vec![0u8; view.len() as usize];
+    let mut off = 0;
+    while off < out.len() {
+        let n = view.read_at(off as u64, &mut out[off..]).expect("read");
+        assert!(n > 0, "short view at {off}");
+        off += n;
+    }
+    // float32 [rows, 3], row-major, at the end of the file after the header.
+    let data = &out[out.len() - rows * 3 * 4..];
+    for i in (0..rows).step_by(1231) {
+        for (j, k) in [1.0f32, 2.0, -0.5].into_iter().enumerate() {
+            let at = (i * 3 + j) * 4;
+            let got = f32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"));
+            assert_eq!(got, i as f32 * k, "row {i} column {j}");
+        }
+    }
+}

@@ -142,12 +142,14 @@ struct RowGroupChunks {
 }
 
 impl RowGroupChunks {
-    /// The chunk holding `[start, start + len)`, as an offset into it.
+    /// The chunk holding `[start, start + len)`, as an offset into it. `start` must lie inside
+    /// the chunk, not at its end: chunks of adjacent columns touch, and the next column's
+    /// first page header is read from `start` = the end of the previous chunk.
     fn find(&self, start: u64, len: u64) -> Option<(&Bytes, usize)> {
         self.chunks.iter().find_map(|(at, bytes)| {
             let off = start.checked_sub(*at)?;
             let end = off.checked_add(len)?;
-            (end <= bytes.len() as u64).then_some((bytes, off as usize))
+            (off < bytes.len() as u64 && end <= bytes.len() as u64).then_some((bytes, off as usize))
         })
     }
 }
