@@ -16,6 +16,10 @@
 //! (uninitialised) memory, its CRC-32 verified, and handed out without further copies. A
 //! mismatch drops the block and is a miss, so corrupt scratch bytes are never served.
 //!
+//! Opening replays the log through one reused window of [`LOG_WINDOW`] bytes (a record is at
+//! most [`MAX_RECORD`]), so a remount of a million-entry cache neither holds the log in memory
+//! nor faults in fresh pages for it.
+//!
 //! Locking: `inner` guards the index state; the log buffer has its own lock, always taken after
 //! `inner` or alone. Disk reads and writes of block bytes happen with no lock held.
 
@@ -37,7 +41,7 @@ use crate::error::CacheError;
 use crate::eviction::Eviction;
 use crate::index::{self, EntryId, KeyKind, Loc, Record, HEADER_LEN, OWN_FILE};
 use crate::segment::{self, aligned, punch_hole, SegState, SEGMENT_BYTES};
-use crate::source::{lock, Version};
+use crate::source::{lock, read_full_at, Version};
 use crate::stats::Stats;
 use crate::BLOCK_SIZE;
 
@@ -1457,21 +1461,6 @@ impl<'f> LogWindow<'f> {
     fn advance(&mut self, n: usize) {
         self.pos = (self.pos + n).min(self.end);
     }
-}
-
-/// Reads into all of `buf` at `off` unless the file ends first; returns the count.
-fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], off + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 /// Reads `len` bytes at `off` into the uninitialised capacity of `buf`.
