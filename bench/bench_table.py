@@ -9,12 +9,10 @@ deterministic), then alternates per round: pyarrow
 `pq.read_table(f, columns=[c], use_threads=T).column(c).to_numpy()` and the release example
 `bench_table` (footer parse + the full `<c>.npy` rendered through View::read_at: 8 MiB reads in
 order with one thread, or chunk-parallel as `convert --to npy` does with all threads). One
-thread: both pinned to cpu 0. Both sides are timed warm: pyarrow in its long-lived process
-(the median skips nothing, but only the first of its rounds pays for imports and first-touch
-memory; each round times the second of two reads in a row), stagefs as the second read in
-its process (the mount's daemon is long-lived); the
-stagefs first read of a fresh process (`convert --to npy`) is printed beside it. Prints median
-GB/s of array data, the ratio (≥ 1.0 is the goal), and the 1-minute load average
+thread: both pinned to cpu 0. Both sides are timed warm, as the second of two reads in a row:
+pyarrow in this process, stagefs in its own (as in the mount's long-lived daemon); stagefs's
+first read of a fresh process (what `convert --to npy` pays) is printed beside it. Prints the
+median GB/s of array data, the ratio (≥ 1.0 is the goal), and the 1-minute load average
 (wall-clock figures from a loaded machine are not comparable).
 """
 
@@ -56,7 +54,7 @@ def main():
             ours, cold, theirs = [], [], []
             for _ in range(args.rounds):
                 os.sched_setaffinity(0, {min(all_cpus)} if one else all_cpus)
-                for _ in range(2):  # the second of two reads in a row, as for stagefs
+                for _ in range(2):  # time the second of two reads in a row
                     t = time.perf_counter()
                     arr = pq.read_table(path, columns=[col], use_threads=not one).column(col).to_numpy()
                     secs = time.perf_counter() - t

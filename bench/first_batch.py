@@ -11,8 +11,10 @@ threads (1: one slot after another; a DataLoader's workers read theirs at once);
 time from opening the file to the last slot read. Run as root, it mounts and reads as `--user`
 (an unprivileged mount through fusermount3, the headline path; the reader is the system
 `python3`, which that user can run); as anyone else, as itself. The JPEG files stay in the page
-cache between rounds: this measures decode scheduling, not the backend. Prints each round,
-the median (goal < 0.5 s) and the 1-minute load average before and after.
+cache between rounds: this measures decode scheduling, not the backend. Prints each round
+(with the mount's `views_rendered` when the last slot arrived: demand reads plus the
+background renderer), the median (goal < 0.5 s) and the 1-minute load average before and
+after.
 """
 
 import argparse
@@ -27,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs as the mounting user: parse the .npy header, pread N random slots, print the seconds.
 READER = r"""
-import ast, os, random, sys, time
+import ast, json, os, random, sys, time
 from concurrent.futures import ThreadPoolExecutor
 path, n, seed, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t = time.perf_counter()
@@ -50,7 +52,10 @@ with ThreadPoolExecutor(workers) as pool:
     nonzero = sum(pool.map(one, idx))
 secs = time.perf_counter() - t
 os.close(fd)
-print(secs, len(idx), nonzero, "x".join(map(str, shape[1:])))
+# Image slots rendered so far (demand reads and the background renderer together).
+stats = os.path.join(os.path.dirname(os.path.dirname(path)), ".stagefs", "stats")
+rendered = json.load(open(stats)).get("views_rendered", -1)
+print(secs, len(idx), nonzero, "x".join(map(str, shape[1:])), rendered)
 """
 
 
@@ -95,10 +100,12 @@ def main():
                 subprocess.run(prefix + [a.stagefs, "umount", mnt], **run)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        secs, n, nonzero, shape = float(out[0]), int(out[1]), int(out[2]), out[3]
+        secs, n, nonzero, shape, rendered = (float(out[0]), int(out[1]), int(out[2]), out[3],
+                                             int(out[4]))
         assert nonzero == n, f"{n - nonzero} of {n} slots read as zeros"
         times.append(secs)
-        print(f"round {r}: {n} random slots of {shape} in {secs:.3f} s", flush=True)
+        print(f"round {r}: {n} random slots of {shape} in {secs:.3f} s; "
+              f"{rendered} slots rendered by then", flush=True)
     print(f"median {statistics.median(times):.3f} s (goal < 0.5 s); "
           f"load average after {os.getloadavg()[0]:.2f}")
 

@@ -65,18 +65,22 @@ impl MountSource {
     }
 }
 
-impl ByteSource for MountSource {
-    fn len(&self, rel: &Path) -> io::Result<u64> {
-        Ok(self.file(rel)?.1.size)
-    }
-
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+impl MountSource {
+    /// Reads up to `len` bytes of `rel` at `offset` through the cache, handing each piece to
+    /// `put(bytes before it, piece)`; returns the count (fewer only at end of file). Pieces are
+    /// at most 1 MiB: one cache block, or a slice of one.
+    fn each_block(
+        &self,
+        rel: &Path,
+        offset: u64,
+        len: usize,
+        mut put: impl FnMut(usize, &[u8]),
+    ) -> io::Result<usize> {
         let (node, attr) = self.file(rel)?;
         let state = self.files.state(node, &attr).map_err(io::Error::other)?;
         let mut done = 0;
-        // Reads of up to 1 MiB at a time: each is one cache block (or a slice of one).
-        while done < buf.len() {
-            let want = (buf.len() - done).min(1 << 20) as u32;
+        while done < len {
+            let want = (len - done).min(1 << 20) as u32;
             let data = self
                 .files
                 .read(&state, &state.ra, offset + done as u64, want)
@@ -85,10 +89,22 @@ impl ByteSource for MountSource {
             if data.is_empty() {
                 break;
             }
-            buf[done..done + data.len()].copy_from_slice(data);
+            put(done, data);
             done += data.len();
         }
         Ok(done)
+    }
+}
+
+impl ByteSource for MountSource {
+    fn len(&self, rel: &Path) -> io::Result<u64> {
+        Ok(self.file(rel)?.1.size)
+    }
+
+    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.each_block(rel, offset, buf.len(), |done, data| {
+            buf[done..done + data.len()].copy_from_slice(data);
+        })
     }
 
     fn read_at_append(
@@ -98,25 +114,9 @@ impl ByteSource for MountSource {
         len: usize,
         buf: &mut Vec<u8>,
     ) -> io::Result<usize> {
-        let (node, attr) = self.file(rel)?;
-        let state = self.files.state(node, &attr).map_err(io::Error::other)?;
-        buf.try_reserve_exact(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
-        let mut done = 0;
+        stagefs_views::source::reserve(buf, len)?;
         // Cache blocks appended as they come: no zeroed staging buffer.
-        while done < len {
-            let want = (len - done).min(1 << 20) as u32;
-            let data = self
-                .files
-                .read(&state, &state.ra, offset + done as u64, want)
-                .map_err(io::Error::other)?;
-            if data.as_ref().is_empty() {
-                break;
-            }
-            buf.extend_from_slice(data.as_ref());
-            done += data.as_ref().len();
-        }
-        Ok(done)
+        self.each_block(rel, offset, len, |_, data| buf.extend_from_slice(data))
     }
 
     fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {

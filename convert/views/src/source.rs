@@ -52,8 +52,7 @@ pub trait ByteSource: Send + Sync {
         buf: &mut Vec<u8>,
     ) -> io::Result<usize> {
         let start = buf.len();
-        buf.try_reserve_exact(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
+        reserve(buf, len)?;
         buf.resize(start + len, 0);
         match self.read_at(rel, offset, &mut buf[start..]) {
             Ok(n) => {
@@ -70,6 +69,17 @@ pub trait ByteSource: Send + Sync {
     fn signature(&self, rel: &Path) -> io::Result<(u64, Option<SystemTime>)> {
         Ok((self.len(rel)?, None))
     }
+}
+
+/// Room for `len` more bytes in `buf`, or an out-of-memory error (never an abort): for
+/// [`ByteSource::read_at_append`], whose lengths come from files.
+pub fn reserve(buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+    buf.try_reserve_exact(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            format!("cannot allocate {len} bytes"),
+        )
+    })
 }
 
 /// Reads the whole file at `rel`, refusing files larger than `limit` bytes.
@@ -196,8 +206,7 @@ impl ByteSource for DirSource {
         buf: &mut Vec<u8>,
     ) -> io::Result<usize> {
         let mut file = File::open(self.resolve(rel)?)?;
-        buf.try_reserve_exact(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::OutOfMemory, "cannot allocate"))?;
+        reserve(buf, len)?;
         file.seek(io::SeekFrom::Start(offset))?;
         // `read_to_end` reads into the reserved spare capacity without zeroing it first.
         file.take(len as u64).read_to_end(buf)

@@ -14,6 +14,7 @@ use arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
+use stagefs_views::view::View;
 use stagefs_views::{ByteSource, DirSource, SourceEntry, ViewOptions, ViewSet};
 
 /// A [`DirSource`] that counts the reads asked of it.
@@ -45,6 +46,26 @@ impl ByteSource for Counting {
     }
 }
 
+/// Writes `batch` to `DIR/t.parquet` with `props`.
+fn write_parquet(dir: &Path, batch: &RecordBatch, props: WriterProperties) {
+    let file = File::create(dir.join("t.parquet")).expect("create");
+    let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).expect("writer");
+    w.write(batch).expect("write");
+    w.close().expect("close");
+}
+
+/// The whole of `view`, read front to back.
+fn read_view(view: &dyn View) -> Vec<u8> {
+    let mut out = vec![0u8; view.len() as usize];
+    let mut off = 0;
+    while off < out.len() {
+        let n = view.read_at(off as u64, &mut out[off..]).expect("read");
+        assert!(n > 0, "short view at {off}");
+        off += n;
+    }
+    out
+}
+
 #[test]
 fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -53,7 +74,7 @@ fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
     let col: ArrayRef = Arc::new(Float64Array::from_iter_values(
         (0..rows).map(|i| (i as f64).sin()),
     ));
-    let batch = RecordBatch::try_new(schema.clone(), vec![col]).expect("batch");
+    let batch = RecordBatch::try_new(schema, vec![col]).expect("batch");
     // Small pages (many headers) in two row groups.
     let props = WriterProperties::builder()
         .set_data_page_size_limit(4096)
@@ -61,11 +82,7 @@ fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
         .set_dictionary_enabled(false)
         .set_max_row_group_row_count(Some(rows / 2))
         .build();
-    let path = dir.path().join("t.parquet");
-    let mut w = ArrowWriter::try_new(File::create(&path).expect("create"), schema, Some(props))
-        .expect("writer");
-    w.write(&batch).expect("write");
-    w.close().expect("close");
+    write_parquet(dir.path(), &batch, props);
 
     let src = Arc::new(Counting {
         inner: DirSource::new(dir.path()),
@@ -74,13 +91,7 @@ fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
     let set = ViewSet::new(src.clone(), ViewOptions::default()).expect("view set");
     let view = set.open(Path::new("t.parquet/x.npy")).expect("x.npy");
     let before = src.reads.load(Ordering::Relaxed);
-    let mut out = vec![0u8; view.len() as usize];
-    let mut off = 0;
-    while off < out.len() {
-        let n = view.read_at(off as u64, &mut out[off..]).expect("read");
-        assert!(n > 0, "short view at {off}");
-        off += n;
-    }
+    let out = read_view(view.as_ref());
     let reads = src.reads.load(Ordering::Relaxed) - before;
     // Two row groups: one request per column chunk (the footer was read at open).
     assert!(
@@ -114,29 +125,18 @@ fn regression_adjacent_column_chunks_read_from_the_right_chunk() {
             (0..rows).map(move |i| i as f64 * k),
         ))
     };
-    let batch =
-        RecordBatch::try_new(schema.clone(), vec![col(1.0), col(2.0), col(-0.5)]).expect("batch");
+    let batch = RecordBatch::try_new(schema, vec![col(1.0), col(2.0), col(-0.5)]).expect("batch");
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(rows / 2))
         .build();
-    let path = dir.path().join("t.parquet");
-    let mut w = ArrowWriter::try_new(File::create(&path).expect("create"), schema, Some(props))
-        .expect("writer");
-    w.write(&batch).expect("write");
-    w.close().expect("close");
+    write_parquet(dir.path(), &batch, props);
 
     let set = ViewSet::new(Arc::new(DirSource::new(dir.path())), ViewOptions::default())
         .expect("view set");
     let view = set
         .open(Path::new("t.parquet/features.npy"))
         .expect("features.npy");
-    let mut out = vec![0u8; view.len() as usize];
-    let mut off = 0;
-    while off < out.len() {
-        let n = view.read_at(off as u64, &mut out[off..]).expect("read");
-        assert!(n > 0, "short view at {off}");
-        off += n;
-    }
+    let out = read_view(view.as_ref());
     // float32 [rows, 3], row-major, at the end of the file after the header.
     let data = &out[out.len() - rows * 3 * 4..];
     for i in (0..rows).step_by(1231) {

@@ -83,21 +83,17 @@ impl SourceFile {
                 self.len
             )));
         }
+        // A source returns fewer bytes only at the end of the file (`ByteSource`'s contract).
         let mut buf = Vec::new();
-        buf.try_reserve_exact(length)
-            .map_err(|_| ParquetError::General(format!("cannot allocate {length} bytes")))?;
-        while buf.len() < length {
-            let done = buf.len();
-            let n = self
-                .src
-                .read_at_append(&self.rel, start + done as u64, length - done, &mut buf)
-                .map_err(|e| ParquetError::External(Box::new(e)))?;
-            if n == 0 {
-                return Err(ParquetError::EOF(format!(
-                    "file ends at {} bytes, wanted {length} bytes at {start}",
-                    start + done as u64
-                )));
-            }
+        let n = self
+            .src
+            .read_at_append(&self.rel, start, length, &mut buf)
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
+        if n < length {
+            return Err(ParquetError::EOF(format!(
+                "file ends at {} bytes, wanted {length} bytes at {start}",
+                start + n as u64
+            )));
         }
         Ok(Bytes::from(buf))
     }
