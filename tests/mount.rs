@@ -4,9 +4,11 @@
 
 mod common;
 
+use stagefs_test_support::{test, Need};
+
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -22,11 +24,7 @@ fn fresh() -> (tempfile::TempDir, std::path::PathBuf) {
     (tmp, src)
 }
 
-#[test]
 fn mounted_tree_matches_source_cold_and_warm() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let non_empty = files
@@ -68,11 +66,7 @@ fn mounted_tree_matches_source_cold_and_warm() {
     }
 }
 
-#[test]
 fn concurrent_random_reads_equal_the_source() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let m = Mount::new(
@@ -118,11 +112,7 @@ fn concurrent_random_reads_equal_the_source() {
     assert!(s["cache_used"].as_u64().unwrap() <= 4 << 20, "{s}");
 }
 
-#[test]
 fn writes_fail_with_erofs() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -155,11 +145,7 @@ fn writes_fail_with_erofs() {
     );
 }
 
-#[test]
 fn symlinks_are_shown_not_followed() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -178,11 +164,7 @@ fn symlinks_are_shown_not_followed() {
     );
 }
 
-#[test]
 fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     // Larger than the small files that cross-file prefetch caches whole.
     let size = 6 << 20;
@@ -220,11 +202,7 @@ fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
     );
 }
 
-#[test]
 fn revalidate_shows_changes_made_while_mounted() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     fs::write(src.join("f"), pattern(1, 100_000)).unwrap();
     let m = Mount::new(
@@ -241,11 +219,7 @@ fn revalidate_shows_changes_made_while_mounted() {
     assert_eq!(fs::read(m.mnt.join("new")).unwrap(), b"fresh");
 }
 
-#[test]
 fn corrupted_cache_block_is_detected_and_refetched() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let data = pattern(3, 3 << 20);
     fs::write(src.join("f"), &data).unwrap();
@@ -273,15 +247,7 @@ fn corrupted_cache_block_is_detected_and_refetched() {
     );
 }
 
-#[test]
 fn full_scratch_still_serves_every_read() {
-    if common::skip_without_fuse() {
-        return;
-    }
-    if !is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs");
-        return;
-    }
     let (tmp, src) = fresh();
     let data = pattern(4, 12 << 20);
     fs::write(src.join("big"), &data).unwrap();
@@ -317,11 +283,7 @@ fn full_scratch_still_serves_every_read() {
     m.umount();
 }
 
-#[test]
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -360,11 +322,7 @@ fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache(
     assert!(s["bytes_from_cache"].as_u64().unwrap() > 0, "{s}");
 }
 
-#[test]
 fn stats_file_and_stat_command_report_the_mount() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -388,11 +346,7 @@ fn stats_file_and_stat_command_report_the_mount() {
     assert!(text.contains("from source"), "{text}");
 }
 
-#[test]
 fn mount_errors_are_clear() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -413,20 +367,7 @@ fn mount_errors_are_clear() {
     assert!(run(&["mount", s, m, "--cache", c]).contains("already a mountpoint"));
 }
 
-#[test]
 fn unprivileged_user_mounts_through_fusermount3() {
-    if common::skip_without_fuse() {
-        return;
-    }
-    if !is_root() {
-        eprintln!("skipped: the test switches to an unprivileged user");
-        return;
-    }
-    let mode = fs::metadata("/dev/fuse").unwrap().mode() & 0o777;
-    assert_eq!(
-        mode, 0o666,
-        "/dev/fuse must be mode 0666 for user mounts (CI does chmod 0666 /dev/fuse)"
-    );
     let uid = match Command::new("id").args(["-u", "stagefs-test"]).output() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
             .trim()
@@ -496,11 +437,7 @@ fn unprivileged_user_mounts_through_fusermount3() {
 /// Regression: open() held the backing-id lock while taking the handle map, and release()
 /// the reverse (an `if let` kept its guard alive), so concurrent opens and closes of cached
 /// small files under passthrough deadlocked the mount.
-#[test]
 fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     for i in 0..200 {
         fs::write(src.join(format!("f{i:03}")), pattern(i, 5000 + i as usize)).unwrap();
@@ -529,11 +466,7 @@ fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
     }
 }
 
-#[test]
 fn mount_from_an_index_lists_nothing_on_the_source() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let index = tmp.path().join("tree.stagefs-index");
@@ -563,11 +496,7 @@ fn mount_from_an_index_lists_nothing_on_the_source() {
     );
 }
 
-#[test]
 fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let n = 400u64;
     for i in 0..n {
@@ -628,11 +557,7 @@ fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
 /// A reader walking a directory in order on a warm cache (a DataLoader in ImageFolder order,
 /// `tar`, `cp`) is served from pages the daemon pushed ahead of it: fewer read requests than
 /// files, every byte equal.
-#[test]
 fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     fs::create_dir(src.join("d")).unwrap();
     let n = 400u64;
@@ -672,11 +597,7 @@ fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
 /// Regression: with opens skipped, the stats file was rendered afresh for the size and for
 /// every read request, so a reader got the size of one rendering and bytes of others (torn
 /// JSON under activity). Read in small pieces while eight threads read the tree.
-#[test]
 fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     // No passthrough: as root it would keep opens, and with them a rendering per open.
@@ -713,4 +634,50 @@ fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
     for r in readers {
         r.join().unwrap();
     }
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
+        test!(concurrent_random_reads_equal_the_source, Need::Fuse),
+        test!(writes_fail_with_erofs, Need::Fuse),
+        test!(symlinks_are_shown_not_followed, Need::Fuse),
+        test!(
+            source_changed_since_the_snapshot_is_estale_never_other_bytes,
+            Need::Fuse
+        ),
+        test!(revalidate_shows_changes_made_while_mounted, Need::Fuse),
+        test!(corrupted_cache_block_is_detected_and_refetched, Need::Fuse),
+        test!(full_scratch_still_serves_every_read, Need::Fuse, Need::Root),
+        test!(
+            killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache,
+            Need::Fuse
+        ),
+        test!(stats_file_and_stat_command_report_the_mount, Need::Fuse),
+        test!(mount_errors_are_clear, Need::Fuse),
+        test!(
+            unprivileged_user_mounts_through_fusermount3,
+            Need::Fuse,
+            Need::Root,
+            Need::Accounts,
+            Need::UserFuse
+        ),
+        test!(
+            regression_concurrent_open_release_of_cached_files_does_not_deadlock,
+            Need::Fuse
+        ),
+        test!(mount_from_an_index_lists_nothing_on_the_source, Need::Fuse),
+        test!(
+            kill_9_under_eight_readers_then_remount_serves_exact_bytes,
+            Need::Fuse
+        ),
+        test!(
+            in_order_reader_on_a_warm_cache_is_served_from_pushed_pages,
+            Need::Fuse
+        ),
+        test!(
+            regression_stats_read_in_pieces_under_activity_is_valid_json,
+            Need::Fuse
+        ),
+    ])
 }
