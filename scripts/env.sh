@@ -38,7 +38,7 @@ env_missing_system_packages() {
   # env_venv takes it from PyPI), nasm for its SIMD code (optional: without it the decoder is
   # built without SIMD, see env_notice_nasm).
   env_have cmake || missing+=(cmake)
-  env_have nasm || missing+=(nasm)
+  nasm -v >/dev/null 2>&1 || missing+=(nasm)
   # venv for the python3 a normal user gets (Debian's), and for the one on PATH.
   local py
   for py in python3 /usr/bin/python3; do
@@ -97,7 +97,7 @@ env_test_accounts() {
 # One line when the JPEG decoder is built without SIMD (no nasm): decodes are slower, nothing
 # else changes. README "Install" gives both builds' speeds.
 env_notice_nasm() {
-  env_have nasm && return 0
+  nasm -v >/dev/null 2>&1 && return 0
   echo "notice: nasm not found: libjpeg-turbo is built without SIMD (JPEG views decode slower; install nasm for the fast build)"
 }
 

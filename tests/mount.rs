@@ -636,6 +636,81 @@ fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
     }
 }
 
+/// Issue 22, finding 4: renders held the FUSE threads, so twelve slow view reads made an `ls` of
+/// an unrelated folder wait for them (29 s with twelve 4-CPU-s JPEGs), `stagefs umount` hung on
+/// the stats file, and the daemon could not end while it rendered. Here the slow inputs are CSV
+/// tables whose views take seconds each to render in a debug build (the whole file is parsed),
+/// read by twelve `cat` processes at once: more than the FUSE threads.
+fn regression_slow_renders_do_not_starve_an_unrelated_listing_or_umount() {
+    let (tmp, src) = fresh();
+    fs::create_dir_all(src.join("tables")).unwrap();
+    fs::create_dir_all(src.join("other/deep")).unwrap();
+    fs::write(src.join("other/deep/x"), b"x").unwrap();
+    let rows: String = (0..100_000)
+        .map(|i| format!("{},{},{}\n", i as f64 * 0.5, i, i % 7))
+        .collect();
+    const TABLES: usize = 12;
+    for k in 0..TABLES {
+        fs::write(
+            src.join(format!("tables/t{k}.csv")),
+            format!("a,b,c\n{rows}{rows}"),
+        )
+        .unwrap();
+    }
+    let mut m = Mount::new(tmp.path(), &src, &[]);
+    let pid = m.stats()["pid"].as_u64().unwrap() as i32;
+    let readers: Vec<_> = (0..TABLES)
+        .map(|k| {
+            Command::new("cat")
+                .arg(m.mnt.join(format!(".npy/tables/t{k}.csv/features.npy")))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let listed: Vec<_> = fs::read_dir(m.mnt.join("other"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let stats = m.stats();
+    let waited = t0.elapsed();
+    let mut readers = readers;
+    let still_rendering = readers
+        .iter_mut()
+        .filter_map(|c| c.try_wait().unwrap().is_none().then_some(()))
+        .count();
+    assert_eq!(listed, vec![std::ffi::OsString::from("deep")]);
+    assert!(
+        still_rendering > 0,
+        "the renders ended before the listing: the inputs are too small to test anything"
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "an unrelated listing and the stats file waited {waited:?} behind {still_rendering} renders: {stats}"
+    );
+    // The readers are killed (a cancelled job). Each still waits for the answer to the request
+    // the daemon has already taken (the kernel waits it out; fuser passes no FUSE_INTERRUPT on),
+    // then the unmount, which reads the stats file first, and the daemon's exit are prompt.
+    for mut c in readers {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let t1 = std::time::Instant::now();
+    m.umount();
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 && t1.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        t1.elapsed() < Duration::from_secs(10),
+        "umount and the daemon's exit took {:?} while renders ran",
+        t1.elapsed()
+    );
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
@@ -677,6 +752,10 @@ fn main() -> std::process::ExitCode {
         ),
         test!(
             regression_stats_read_in_pieces_under_activity_is_valid_json,
+            Need::Fuse
+        ),
+        test!(
+            regression_slow_renders_do_not_starve_an_unrelated_listing_or_umount,
             Need::Fuse
         ),
     ])
