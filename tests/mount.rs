@@ -334,7 +334,12 @@ fn stats_file_and_stat_command_report_the_mount() {
         fs::metadata(src.join("c/f8.bin")).unwrap().len(),
         "{s}"
     );
-    assert!(s["block_misses"].as_u64().unwrap() >= 1, "{s}");
+    // The cache was empty: the bytes came by a demand miss or by read-ahead (which, with a
+    // normal user's 128 KiB kernel read-ahead, can win the race for every block).
+    assert!(
+        s["block_misses"].as_u64().unwrap() >= 1 || s["bytes_prefetched"].as_u64().unwrap() > 0,
+        "{s}"
+    );
     assert_eq!(
         s["source"].as_str().unwrap(),
         fs::canonicalize(&src).unwrap().to_str().unwrap()
