@@ -323,6 +323,7 @@ impl FsCore {
         if let Some(t) = self.files.start_cross_file()? {
             lock(&self.threads).push(t);
         }
+        self.files.start_pushers()?;
         {
             let store = self.store.clone();
             let stop = self.stop.clone();

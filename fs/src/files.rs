@@ -79,6 +79,8 @@ pub struct FileState {
     /// Sequential detection for readers without a handle of their own.
     pub ra: Mutex<ReadAhead>,
     memo: Mutex<Option<(u32, Bytes)>>,
+    /// Pushes ahead of a sequential reader ([`crate::stream`]).
+    stream: Mutex<crate::stream::Stream>,
 }
 
 /// Source files through the cache.
@@ -90,6 +92,7 @@ pub struct Files {
     cross_file: usize,
     xfile: Mutex<Option<SyncSender<NodeId>>>,
     sink: RwLock<Option<Arc<dyn PageSink>>>,
+    pushers: Mutex<Option<crate::stream::Pushers>>,
 }
 
 impl Files {
@@ -105,6 +108,7 @@ impl Files {
             cross_file,
             xfile: Mutex::new(None),
             sink: RwLock::new(None),
+            pushers: Mutex::new(None),
         })
     }
 
@@ -215,6 +219,7 @@ impl Files {
             entry,
             ra: Mutex::new(ReadAhead::default()),
             memo: Mutex::new(None),
+            stream: Mutex::new(crate::stream::Stream::default()),
         });
         crate::core::lock(&self.active).put(node, s.clone());
         Ok(s)
@@ -290,6 +295,9 @@ impl Files {
         if let Some(ahead) = crate::core::lock(ra).on_read(offset, u64::from(size), fsize) {
             self.prefetch_bytes(s, ahead);
         }
+        if fsize > SMALL_FILE {
+            self.push_ahead(s, offset, end);
+        }
         let first = offset / BLOCK_SIZE;
         let last = (end - 1) / BLOCK_SIZE;
         let piece = |idx: u64| {
@@ -312,6 +320,22 @@ impl Files {
             out.extend_from_slice(&b[r.start.min(hi)..hi]);
         }
         Ok(ReadData::Gathered(out))
+    }
+
+    /// Offers the pushers the cached blocks ahead of a sequential reader of a large file.
+    fn push_ahead(&self, s: &FileState, offset: u64, end: u64) {
+        // The file's own lock on every read; the shared one only once per push window.
+        let Some(blocks) = crate::core::lock(&s.stream).on_read(offset, end, s.version.size) else {
+            return;
+        };
+        let pushers = crate::core::lock(&self.pushers);
+        let Some(p) = pushers.as_ref() else { return };
+        p.offer(crate::stream::Push {
+            ino: crate::inode::source_ino(s.node),
+            entry: s.entry,
+            size: s.version.size,
+            blocks,
+        });
     }
 
     fn prefetch_bytes(&self, s: &FileState, range: Range<u64>) {
@@ -383,9 +407,20 @@ impl Files {
         ))
     }
 
-    /// Ends the cross-file thread (it exits when its channel closes).
+    /// Starts the threads that push large files ahead of sequential readers (when a page sink
+    /// is set; see [`crate::stream`]).
+    pub fn start_pushers(self: &Arc<Self>) -> std::io::Result<()> {
+        let p = crate::stream::Pushers::start(self)?;
+        *crate::core::lock(&self.pushers) = Some(p);
+        Ok(())
+    }
+
+    /// Ends the cross-file thread and the pushers (they exit when their channels close).
     pub fn stop(&self) {
         crate::core::lock(&self.xfile).take();
+        if let Some(p) = crate::core::lock(&self.pushers).take() {
+            p.stop();
+        }
     }
 
     /// Binds the entries a previous mount left in the cache to the snapshot's nodes (same path

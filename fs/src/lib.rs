@@ -8,6 +8,7 @@
 //! - [`snapshot`]: the tree's metadata, listed once with many requests in flight, persisted.
 //! - [`files`]: source files through the cache (node → entry binding, read path, prefetch).
 //! - [`walk`]: following readers through directories (cross-file prefetch, page pushes).
+//! - [`stream`]: pushing large files ahead of sequential readers.
 //! - [`views`]: the `.npy/` tree.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
@@ -21,6 +22,7 @@ pub mod inode;
 pub mod mount;
 pub mod offload;
 pub mod snapshot;
+pub mod stream;
 pub mod views;
 pub mod walk;
 

@@ -1,0 +1,175 @@
+//! Pushing large files into the kernel's page cache ahead of sequential readers.
+//!
+//! A normal user's mount gets 128 KiB of kernel read-ahead, so a reader streaming a large file
+//! costs eight requests per cache block (a round trip, a daemon wake-up and a reply each). Once
+//! a large file's blocks are cached, the daemon can instead hand whole blocks to the kernel as
+//! page-cache contents (`FUSE_NOTIFY_STORE`, allowed unprivileged): the reader then finds them
+//! in the page cache and sends no request until it reaches the end of what was pushed. Its
+//! next request is at that end, which continues the stream and pushes the next window — one
+//! round trip per [`PUSH_AHEAD`] instead of eight per MiB, and the copying moves to the pusher
+//! threads, beside the reader instead of in its way.
+//!
+//! A read continues a stream when it starts where the last request ended or where the last
+//! push ended (within [`SEEK_TOLERANCE`]); any other read (shuffled readers, `mmap` faults in
+//! random order) pushes nothing. Only cached blocks are pushed, read and checksummed as for a
+//! reader (a corrupt block is dropped, never pushed); the first block that is not cached ends
+//! the push (the reader's request fetches it as usual). Pushes are hints: a full queue drops
+//! them, and a reader overtaking the pusher simply gets its pages by request.
+//!
+//! [`PUSH_AHEAD`] is 16 MiB: at a local copy's ~1–2 GB/s that is ~10 ms of reading per round
+//! trip, far more than the round trip costs, and 8 readers × 16 MiB is a modest page-cache
+//! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use stagefs_prefetch::{block_count, EntryId, BLOCK_SIZE};
+use tracing::debug_span;
+
+use crate::files::Files;
+
+/// Bytes pushed ahead of a streaming reader per round trip.
+pub const PUSH_AHEAD: u64 = 16 << 20;
+/// How far a read may start from where the stream stands and still continue it.
+pub const SEEK_TOLERANCE: u64 = 256 << 10;
+/// Pusher threads.
+pub const PUSHERS: usize = 2;
+/// Pushes waiting for a thread; more are dropped (readers then request as usual).
+const QUEUE: usize = 64;
+
+/// Where one file's stream stands.
+#[derive(Debug, Default)]
+pub struct Stream {
+    /// End of the last request.
+    last_end: u64,
+    /// End of what was pushed (0: nothing yet).
+    pushed_to: u64,
+}
+
+impl Stream {
+    /// Records a request for `offset..end` of a file of `size` bytes; the block range to push,
+    /// if the request continues a stream.
+    pub fn on_read(&mut self, offset: u64, end: u64, size: u64) -> Option<std::ops::Range<u64>> {
+        let near = |at: u64| offset.abs_diff(at) <= SEEK_TOLERANCE;
+        let streaming = near(self.last_end) || (self.pushed_to > 0 && near(self.pushed_to));
+        self.last_end = end;
+        if !streaming {
+            self.pushed_to = 0;
+            return None;
+        }
+        // Whole blocks after the one being served (which the kernel is reading already).
+        let from = self.pushed_to.max(end).div_ceil(BLOCK_SIZE);
+        let to = end
+            .saturating_add(PUSH_AHEAD)
+            .min(size)
+            .div_ceil(BLOCK_SIZE);
+        if from >= to {
+            return None;
+        }
+        self.pushed_to = (to * BLOCK_SIZE).min(size);
+        Some(from..to)
+    }
+}
+
+/// One push: blocks `blocks` of cache entry `entry`, as pages of inode `ino`.
+pub(crate) struct Push {
+    pub ino: u64,
+    pub entry: EntryId,
+    pub size: u64,
+    pub blocks: std::ops::Range<u64>,
+}
+
+/// The pushers' queue.
+pub(crate) struct Pushers {
+    tx: Mutex<Option<SyncSender<Push>>>,
+}
+
+impl Pushers {
+    /// Starts the pusher threads over `files` (they end when [`Pushers::stop`] closes the queue).
+    pub fn start(files: &Arc<Files>) -> std::io::Result<Pushers> {
+        let (tx, rx) = sync_channel::<Push>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..PUSHERS {
+            let (files, rx) = (files.clone(), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("stagefs-push-{i}"))
+                .spawn(move || run(&files, &rx))?;
+        }
+        Ok(Pushers {
+            tx: Mutex::new(Some(tx)),
+        })
+    }
+
+    /// Queues `push`; dropped when the queue is full (a hint, never a wait).
+    pub fn offer(&self, push: Push) {
+        if let Some(tx) = crate::core::lock(&self.tx).as_ref() {
+            match tx.try_send(push) {
+                Ok(()) | Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
+            }
+        }
+    }
+
+    /// Closes the queue: the threads end after the push in hand.
+    pub fn stop(&self) {
+        crate::core::lock(&self.tx).take();
+    }
+}
+
+fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
+    loop {
+        let next = crate::core::lock(rx).recv();
+        let Ok(p) = next else { return };
+        let Some(sink) = files.page_sink() else {
+            continue;
+        };
+        let _span = debug_span!("stream push", ino = p.ino, from = p.blocks.start).entered();
+        let store = files.fetcher().store();
+        let stats = files.fetcher().stats();
+        let n = block_count(p.size);
+        for slot in p.blocks.start..p.blocks.end.min(n) {
+            // Read and checksummed as for a reader: a corrupt block is dropped, never pushed.
+            let Some(data) = store.read(p.entry, slot as u32) else {
+                break;
+            };
+            if !sink.store(p.ino, slot * BLOCK_SIZE, &data) {
+                break;
+            }
+            stats
+                .bytes_pushed
+                .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn a_sequential_reader_gets_windows_and_a_random_one_nothing() {
+        let size = 100 * MB;
+        let mut s = Stream::default();
+        // First request at 0: push the blocks after it.
+        assert_eq!(s.on_read(0, 128 << 10, size), Some(1..17));
+        // The reader reads the pushed pages without requests; its next request is at the end
+        // of the push, which continues the stream.
+        assert_eq!(
+            s.on_read(17 * MB, 17 * MB + (128 << 10), size),
+            Some(18..34)
+        );
+        // A jump elsewhere ends the stream.
+        assert_eq!(s.on_read(60 * MB, 61 * MB, size), None);
+        assert_eq!(s.on_read(5 * MB, 6 * MB, size), None);
+        // Reading on from the jump starts a new stream; the end of the file bounds it.
+        assert_eq!(s.on_read(6 * MB, 7 * MB, size), Some(7..23));
+        assert_eq!(s.on_read(90 * MB, 91 * MB, size), None);
+        assert_eq!(s.on_read(91 * MB, 92 * MB, size), Some(92..100));
+        assert_eq!(
+            s.on_read(92 * MB, 93 * MB, size),
+            None,
+            "all pushed already"
+        );
+    }
+}
