@@ -115,6 +115,7 @@ pub struct FuseFs {
     lookups: Arc<Lookups>,
     backing: Mutex<BackingCache>,
     views: Offload,
+    direct_io_large: bool,
 }
 
 impl FuseFs {
@@ -140,7 +141,14 @@ impl FuseFs {
             lookups,
             backing: Mutex::new(BackingCache::default()),
             views,
+            direct_io_large: false,
         }
+    }
+
+    /// Opens large source files for direct I/O: each read is one request of the reader's size
+    /// (up to 1 MiB), answered straight into the reader's buffer, no page cache on the mount.
+    pub fn set_direct_io_large(&mut self, on: bool) {
+        self.direct_io_large = on;
     }
 }
 
@@ -281,6 +289,8 @@ impl Filesystem for FuseFs {
         // (under --revalidate, a source file's too, which is then what is wanted).
         let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
+        // mmap keeps working on files opened for direct I/O (kernel >= 6.6).
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         if self.readdirplus {
             let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
             let _ = config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO);
@@ -345,7 +355,16 @@ impl Filesystem for FuseFs {
             Ok(o) => o,
             Err(e) => return reply.error(errno(&e)),
         };
-        let fopen = open_flags(&opened);
+        let mut fopen = open_flags(&opened);
+        if self.direct_io_large
+            && opened.passthrough.is_none()
+            && self
+                .core
+                .getattr(ino.0)
+                .is_ok_and(|a| a.size > stagefs_prefetch::staging::SMALL_FILE)
+        {
+            fopen = FopenFlags::FOPEN_DIRECT_IO;
+        }
         let fh = opened.fh;
         if let Some(file) = opened.passthrough {
             let id = {

@@ -29,6 +29,8 @@ pub struct MountOptions {
     pub push: bool,
     /// Listings carry attributes (readdirplus): no lookup per file after a listing.
     pub readdirplus: bool,
+    /// Large files are opened for direct I/O (a lever to measure; needs daemon opens).
+    pub direct_io_large: bool,
 }
 
 /// Pushes pages through the session's notifier (`FUSE_NOTIFY_STORE`).
@@ -83,7 +85,7 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
     let lookups = Arc::new(Lookups::default());
-    let fs = FuseFs::new(
+    let mut fs = FuseFs::new(
         core.clone(),
         opts.passthrough,
         opts.skip_open,
@@ -91,6 +93,7 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
         lookups.clone(),
         crate::offload::Offload::new(0)?,
     );
+    fs.set_direct_io_large(opts.direct_io_large);
     let mut session = Session::new(fs, mountpoint, &cfg)?;
     let unmounter = session.unmount_callable();
     let session = session.spawn()?;

@@ -102,6 +102,11 @@ pub struct Args {
     /// they are needed: with passthrough (root) and with --revalidate.
     #[arg(long)]
     pub daemon_opens: bool,
+    /// Answer reads of large files (over 4 MiB) with direct I/O: one request per read of up to
+    /// 1 MiB, copied straight into the reader's buffer, no page cache on the mount. Needs the
+    /// daemon's opens, so it implies --daemon-opens. A lever to measure (README "Large files").
+    #[arg(long)]
+    pub direct_io: bool,
     /// Kept for scripts written for the previous default; opens are skipped by default now.
     #[arg(long, hide = true, conflicts_with = "daemon_opens")]
     pub skip_open: bool,
@@ -472,9 +477,10 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         allow_other: args.allow_other,
         // --revalidate: a file may change, and pages the kernel keeps across opens (or that
         // were pushed) would outlive its old version.
-        skip_open: !args.daemon_opens && args.revalidate.is_none(),
+        skip_open: !args.daemon_opens && !args.direct_io && args.revalidate.is_none(),
         push: !args.no_push && args.revalidate.is_none(),
         readdirplus: !args.no_readdirplus,
+        direct_io_large: args.direct_io,
     };
     let mounted = mount(core.clone(), &args.mountpoint, &opts)
         .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;
