@@ -467,6 +467,11 @@ impl FsCore {
         self.inodes.ino(Virtual::Stats)
     }
 
+    /// Bytes the files' remembered blocks hold now (bounded by [`crate::files::MEMO_BUDGET`]).
+    pub fn memo_bytes(&self) -> u64 {
+        self.files.memo_bytes()
+    }
+
     /// The live counters.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats

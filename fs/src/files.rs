@@ -11,13 +11,15 @@
 //! The read path is `FsCore → Files → Fetcher → CacheStore | Source`: a request inside one
 //! cache block is answered with a slice of that block's `Bytes` (no copy until the kernel's);
 //! each file remembers the last block it served, so the kernel's 128 KiB pieces of a 1 MiB
-//! block cost one read and one checksum of scratch, not eight.
+//! block cost one read and one checksum of scratch, not eight. What the remembered blocks hold
+//! is bounded for the whole daemon ([`MEMO_BUDGET`]): without the bound, 4096 active files ×
+//! 1 MiB could pin 4 GiB; past it a block is served without being remembered.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -40,6 +42,37 @@ const NONE: u32 = u32::MAX;
 /// Files whose read state (path, entry, read-ahead window, last block) is kept: the files being
 /// read now by a few dozen DataLoader workers, with room to spare.
 const ACTIVE_FILES: usize = 4096;
+/// Bytes all files' remembered blocks may hold together: 64 readers streaming 1 MiB blocks.
+pub const MEMO_BUDGET: u64 = 64 << 20;
+
+/// The last block a file served, counted against [`MEMO_BUDGET`] while it is held.
+struct Memo {
+    idx: u32,
+    data: Bytes,
+    held: Arc<AtomicU64>,
+}
+
+impl Memo {
+    /// Remembers `data` if the budget has room.
+    fn new(idx: u32, data: Bytes, held: &Arc<AtomicU64>) -> Option<Memo> {
+        let len = data.len() as u64;
+        held.fetch_update(Relaxed, Relaxed, |h| {
+            (h + len <= MEMO_BUDGET).then_some(h + len)
+        })
+        .ok()?;
+        Some(Memo {
+            idx,
+            data,
+            held: held.clone(),
+        })
+    }
+}
+
+impl Drop for Memo {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.data.len() as u64, Relaxed);
+    }
+}
 
 /// Data of a read reply: one slice of a cached block (no copy), or bytes gathered from several.
 #[derive(Debug)]
@@ -78,7 +111,7 @@ pub struct FileState {
     pub entry: EntryId,
     /// Sequential detection for readers without a handle of their own.
     pub ra: Mutex<ReadAhead>,
-    memo: Mutex<Option<(u32, Bytes)>>,
+    memo: Mutex<Option<Memo>>,
     /// Pushes ahead of a sequential reader ([`crate::stream`]).
     stream: Mutex<crate::stream::Stream>,
 }
@@ -93,6 +126,8 @@ pub struct Files {
     xfile: Mutex<Option<SyncSender<NodeId>>>,
     sink: RwLock<Option<Arc<dyn PageSink>>>,
     pushers: Mutex<Option<crate::stream::Pushers>>,
+    /// Bytes held by all files' remembered blocks.
+    memo_held: Arc<AtomicU64>,
 }
 
 impl Files {
@@ -109,6 +144,7 @@ impl Files {
             xfile: Mutex::new(None),
             sink: RwLock::new(None),
             pushers: Mutex::new(None),
+            memo_held: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -126,6 +162,11 @@ impl Files {
     /// The page sink, if pushing is on.
     pub fn page_sink(&self) -> Option<Arc<dyn PageSink>> {
         self.sink.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Bytes held by the files' remembered blocks (at most [`MEMO_BUDGET`]).
+    pub fn memo_bytes(&self) -> u64 {
+        self.memo_held.load(Relaxed)
     }
 
     /// The fetcher.
@@ -239,8 +280,8 @@ impl Files {
         let stats = self.stats();
         let remembered = crate::core::lock(&s.memo)
             .as_ref()
-            .filter(|(i, _)| u64::from(*i) == idx)
-            .map(|(_, b)| b.clone());
+            .filter(|m| u64::from(m.idx) == idx)
+            .map(|m| m.data.clone());
         let (data, hit) = match remembered {
             Some(b) => (b, true),
             None => {
@@ -253,7 +294,10 @@ impl Files {
                     }
                     e
                 })?;
-                *crate::core::lock(&s.memo) = Some((idx as u32, f.data.clone()));
+                let mut memo = crate::core::lock(&s.memo);
+                // The old block's bytes go back to the budget before the new one asks.
+                *memo = None;
+                *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
                 (f.data, f.hit)
             }
         };

@@ -278,3 +278,29 @@ fn views_carry_the_owner_and_read_bits_of_their_input() {
     assert!(np.iter().any(|n| n == OsStr::new("salary.npy")), "{np:?}");
     c.shutdown();
 }
+
+/// Issue 20: every active file remembered its last block, so 4096 files read once could pin
+/// 4 GiB of 1 MiB blocks. The remembered blocks are bounded for the whole daemon, and reads
+/// stay exact past the bound.
+#[test]
+fn remembered_blocks_stay_within_their_budget_however_many_files_are_read() {
+    let (_t, src, cache) = setup();
+    // 100 MiB of first blocks against a 64 MiB budget.
+    let files = 100u64;
+    for i in 0..files {
+        std::fs::write(src.join(format!("big{i}")), pattern(i, (1 << 20) + 7)).unwrap();
+    }
+    let mut cfg = config(&src, &cache);
+    cfg.stage = false;
+    let (core, _) = mount(cfg);
+    for i in 0..files {
+        let got = read(&core, &rel(&format!("big{i}")), 0, 1 << 20, 128 << 10).unwrap();
+        assert!(got == pattern(i, 1 << 20), "file {i} differs");
+    }
+    let held = core.memo_bytes();
+    assert!(held > 0, "nothing remembered at all");
+    assert!(
+        held <= stagefs_fs::files::MEMO_BUDGET,
+        "{held} bytes remembered for {files} files"
+    );
+}
