@@ -49,6 +49,7 @@
 //! # }
 //! ```
 
+pub mod augment;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -61,13 +62,14 @@ mod source;
 mod stats;
 mod streamer;
 
+pub use augment::{Crop, CropBox, Geometry, OutType, Transform};
 pub use cpu::{AlignedBuffer, CpuBuffer, CpuDevice};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceBuffer as CudaDeviceBuffer, PinnedBuffer};
 pub use device::{Device, StreamKind};
 pub use error::{DeviceError, StreamError};
 pub use host::{HostBuffer, HostDevice, HostDeviceBuffer, HostEvent};
-pub use loader::{epoch_order, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
+pub use loader::{epoch_order, epoch_order_from, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
 pub use source::{ReadAt, Source};
 pub use stats::Stats;
 pub use streamer::{Batch, BatchMeta, StreamConfig, Streamer, Verification, MAX_BATCH_BYTES};
