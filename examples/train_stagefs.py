@@ -21,19 +21,7 @@ weights' SHA-256 goes to weights.sha256: tests/slurm_e2e.sh compares them with a
 run. On CPU with --threads 1 training is deterministic, so the weights are identical too.
 """
 
-import argparse
-import glob
-import hashlib
-import os
-import re
 import signal
-import sys
-import time
-import zlib
-
-import torch
-
-import stagefs
 
 stop_signal = None
 
@@ -42,6 +30,24 @@ def on_signal(sig, _frame):
     # Only a flag: the step in progress finishes, then the checkpoint is written.
     global stop_signal
     stop_signal = sig
+
+
+# Before the slow imports: a warning that comes while torch loads must not kill the program.
+signal.signal(signal.SIGUSR1, on_signal)
+signal.signal(signal.SIGTERM, on_signal)
+
+import argparse  # noqa: E402
+import glob  # noqa: E402
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import zlib  # noqa: E402
+
+import torch  # noqa: E402
+
+import stagefs  # noqa: E402
 
 
 def tiny_model(classes):
@@ -90,7 +96,7 @@ def save_checkpoint(out, step, model, opt, loader, keep=2):
         os.remove(p)
     ld = state["loader"]
     print(f"checkpoint {path}: step {step}, epoch {ld['epoch']}, "
-          f"{ld['batches_done']} batches into the epoch", flush=True)
+          f"{ld['start']} of {ld['rows']} samples into the epoch", flush=True)
     return path
 
 
@@ -127,8 +133,6 @@ def main():
     torch.use_deterministic_algorithms(True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-    signal.signal(signal.SIGUSR1, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
 
     classes = len(open(f"{args.view}/classes.txt").read().split())
     augment = dict(transform=stagefs.RandomResizedCrop(args.crop, scale=(0.35, 1), flip=True)) if args.crop else {}
@@ -149,9 +153,9 @@ def main():
         loader.load_state_dict(ckpt["loader"])  # refuses a checkpoint of other data
         step = ckpt["step"]
         ld = ckpt["loader"]
-        where = "mid-epoch" if ld["batches_done"] else "at an epoch boundary"
+        where = "mid-epoch" if 0 < ld["start"] < ld["rows"] else "at an epoch boundary"
         print(f"resumed from {path}: step {step}, epoch {ld['epoch']}, {where} "
-              f"({ld['batches_done']} batches done)", flush=True)
+              f"({ld['start']} of {ld['rows']} samples done)", flush=True)
 
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     log = open(os.path.join(args.out, f"steps-{restart}-{os.getpid()}.txt") if args.out else os.devnull, "a")

@@ -303,22 +303,12 @@ impl Transform {
         let (oh_, ow_) = (oh as usize, ow as usize);
         let out_row = ow_ * c;
         ensure_len(&mut scratch.out, oh_ * out_row)?;
-        let htaps = Taps::new(
-            geom.width,
-            f64::from(window.left),
-            f64::from(window.left + window.width),
-            ow,
-            0,
-            ow,
-        );
-        let vtaps = Taps::new(
-            geom.height,
-            f64::from(window.top),
-            f64::from(window.top + window.height),
-            oh,
-            0,
-            oh,
-        );
+        // The whole output of a resize of the window (Pillow's `box=`) along each axis.
+        let axis = |len: u32, from: u32, n: u32, out: u32| {
+            Taps::new(len, f64::from(from), f64::from(from + n), out, 0, out)
+        };
+        let htaps = axis(geom.width, window.left, window.width, ow);
+        let vtaps = axis(geom.height, window.top, window.height, oh);
         let in_row = geom.width as usize * c;
         let (yl, yh) = vtaps.span();
         ensure_len(&mut scratch.tmp, (yh - yl) as usize * out_row)?;

@@ -12,6 +12,11 @@
 //! as [`LoadedBatch`]es, which own their slot (through an `Arc` of the ring, so a batch may
 //! outlive its epoch and the loader) and give it back when dropped.
 //!
+//! [`Loader::epoch_from`] starts an epoch part-way, after `start` positions of its permutation
+//! ([`epoch_order_from`]): a resumed run, possibly under another world size. With a
+//! [`Transform`] in the config the readers turn each row of the first source into its
+//! augmented, converted row ([`crate::augment`]); the slot is sized for the output rows.
+//!
 //! Memory is K slots whatever the dataset size. A consumer that keeps every slot and asks for
 //! more gets [`StreamError::RingHeld`] instead of a hang. Dropping an [`Epoch`] early (a
 //! `break` out of the training loop) cancels its readers and returns the slots it held.

@@ -267,14 +267,13 @@ class Loader:
         if it is not None and not it.finished and it.delivered < it.total:
             epoch = it.epoch
             start = min(self.rows, it.start + it.delivered * self.batch_size * self.world_size)
-            in_epoch = it.delivered
         else:
-            epoch, start, in_epoch = self._epoch, self._start, 0
+            epoch, start = self._epoch, self._start
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
+            # Samples of the epoch's permutation consumed by all ranks together (0: none yet).
             "start": start,
-            "batches_done": in_epoch,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
@@ -340,6 +339,8 @@ class Loader:
         if int(epoch) != self._epoch:
             self._start = 0
         self._epoch = int(epoch)
+        # An iteration left unfinished is abandoned: the position is now the next iteration's.
+        self._current = None
 
     def order(self, epoch: int, start: int = 0) -> list[int]:
         """The rows this rank visits in ``epoch``, in order (batch i is ``order[i*B:(i+1)*B]``);
