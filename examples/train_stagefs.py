@@ -85,7 +85,8 @@ def save_checkpoint(out, step, model, opt, loader, keep=2):
              "loader": loader.state_dict()}
     path = os.path.join(out, f"ckpt-{step:08d}.pt")
     tmp = os.path.join(out, f".tmp-ckpt-{step:08d}-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    # Private (0600), and O_EXCL: never write through a file or link someone else put there.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
@@ -132,7 +133,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
+        os.makedirs(args.out, mode=0o700, exist_ok=True)
 
     classes = len(open(f"{args.view}/classes.txt").read().split())
     augment = dict(transform=stagefs.RandomResizedCrop(args.crop, scale=(0.35, 1), flip=True)) if args.crop else {}
