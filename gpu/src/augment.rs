@@ -383,31 +383,36 @@ pub enum Table {
 impl Table {
     /// Writes `pixels` (`h × w × c` bytes, HWC) into `dst` in the table's type and the layout.
     fn write(&self, pixels: &[u8], (h, w, c): (usize, usize, usize), chw: bool, dst: &mut [u8]) {
-        // Index of element (y, x, ch) in the output, in elements.
-        let at = |i: usize| -> usize {
+        if let Table::U8 = self {
             if !chw || c == 1 {
-                return i;
+                dst[..pixels.len()].copy_from_slice(pixels);
+                return;
             }
-            let (px, ch) = (i / c, i % c);
-            ch * h * w + px
-        };
-        match self {
-            Table::U8 if !chw || c == 1 => dst[..pixels.len()].copy_from_slice(pixels),
-            Table::U8 => {
-                for (i, &p) in pixels.iter().enumerate() {
-                    dst[at(i)] = p;
+        }
+        // Output element (pixel, channel) sits at `px * c + ch` (HWC) or `ch * plane + px` (CHW):
+        // one pass over the pixels, channel by channel, without a division per element.
+        let plane = h * w;
+        let (px_step, ch_step) = if chw { (1, plane) } else { (c, 1) };
+        for ch in 0..c {
+            let values = pixels.iter().skip(ch).step_by(c);
+            let slots = (0..plane).map(|px| px * px_step + ch * ch_step);
+            match self {
+                Table::U8 => {
+                    for (at, &p) in slots.zip(values) {
+                        dst[at] = p;
+                    }
                 }
-            }
-            Table::F32(t) => {
-                for (i, &p) in pixels.iter().enumerate() {
-                    let j = at(i) * 4;
-                    dst[j..j + 4].copy_from_slice(&t[i % c][p as usize].to_le_bytes());
+                Table::F32(t) => {
+                    let t = &t[ch];
+                    for (at, &p) in slots.zip(values) {
+                        dst[at * 4..at * 4 + 4].copy_from_slice(&t[p as usize].to_le_bytes());
+                    }
                 }
-            }
-            Table::F16(t) => {
-                for (i, &p) in pixels.iter().enumerate() {
-                    let j = at(i) * 2;
-                    dst[j..j + 2].copy_from_slice(&t[i % c][p as usize].to_le_bytes());
+                Table::F16(t) => {
+                    let t = &t[ch];
+                    for (at, &p) in slots.zip(values) {
+                        dst[at * 2..at * 2 + 2].copy_from_slice(&t[p as usize].to_le_bytes());
+                    }
                 }
             }
         }

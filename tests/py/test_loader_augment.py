@@ -131,6 +131,9 @@ def test_center_crop_normalize_dtype_and_layout(images):
     (u8,), = batches(stagefs.Loader([path], ROWS, tensors="numpy", transform=stagefs.CenterCrop(32)))
     top, left = round((H - 32) / 2), round((W - 32) / 2)
     np.testing.assert_array_equal(u8, imgs[:, top:top + 32, left:left + 32])
+    (u8_chw,), = batches(stagefs.Loader([path], ROWS, tensors="numpy", transform=stagefs.CenterCrop(32),
+                                        layout="NCHW"))
+    np.testing.assert_array_equal(u8_chw, u8.transpose(0, 3, 1, 2))
     (f32,), = batches(stagefs.Loader([path], ROWS, tensors="numpy", transform=stagefs.CenterCrop(32),
                                       normalize=(mean, std), layout="NCHW"))
     assert f32.dtype == np.float32 and f32.shape == (ROWS, 3, 32, 32)
