@@ -190,3 +190,25 @@ def test_augmented_batches_are_identical_on_resume_and_with_any_readers(images):
             np.testing.assert_array_equal(a[1], b[1])
     # Epochs differ (fresh crops each epoch), so the test above compares something.
     assert not np.array_equal(full[0][0], full[7][0])
+
+
+def test_a_sample_is_augmented_the_same_in_any_order_and_read_path(tmp_path):
+    """Crops depend on (seed, epoch, row), not on the order: row r's output is the same shuffled
+    or not. Rows of small images read in a scattered order come from the in-memory copy of the
+    file (SMALL_ROW), in file order from pread: both paths go through the transform."""
+    rng = np.random.default_rng(5)
+    imgs = rng.integers(0, 256, size=(50, 12, 10, 3), dtype=np.uint8)  # 360-byte rows: held in memory
+    np.save(tmp_path / "small.npy", imgs)
+    np.save(tmp_path / "ids.npy", np.arange(50, dtype=np.int64))
+    paths = [str(tmp_path / "small.npy"), str(tmp_path / "ids.npy")]
+    t = stagefs.RandomResizedCrop(8, scale=(0.3, 1), flip=True)
+    by_row = {}
+    for shuffle in (False, True):
+        got = {}
+        for images, ids in batches(stagefs.Loader(paths, 7, tensors="numpy", shuffle=shuffle, seed=4, transform=t)):
+            for img, r in zip(images, ids):
+                got[int(r)] = img
+        by_row[shuffle] = got
+    assert sorted(by_row[True]) == sorted(by_row[False]) == list(range(50))
+    for r in range(50):
+        np.testing.assert_array_equal(by_row[True][r], by_row[False][r])
