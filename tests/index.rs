@@ -2,6 +2,7 @@
 //! tree; the default name; `--check`; skipped entries named with exit status 1.
 #![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
 
+use stagefs_test_support::{test, Need};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -32,7 +33,6 @@ fn make_dataset(root: &Path) {
     std::os::unix::fs::symlink("cat/000.jpg", root.join("first")).unwrap();
 }
 
-#[test]
 fn index_writes_a_file_that_load_accepts_beside_source_by_default() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("imagenet");
@@ -72,7 +72,6 @@ fn index_writes_a_file_that_load_accepts_beside_source_by_default() {
     assert!(text(&o).contains("54 entries"), "{}", text(&o));
 }
 
-#[test]
 fn check_rejects_a_damaged_index_and_index_rejects_a_file_source() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("ds");
@@ -106,19 +105,12 @@ fn uid_of(user: &str) -> Option<u32> {
     String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
-#[test]
 fn unreadable_directory_is_named_and_the_index_still_written() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     // Root reads everything: run as the unprivileged test account instead.
     let user = if root {
-        match uid_of("stagefs-test") {
-            Some(u) => Some(u),
-            None => {
-                eprintln!("skipped: running as root without the stagefs-test account");
-                return;
-            }
-        }
+        Some(uid_of("stagefs-test").unwrap())
     } else {
         None
     };
@@ -168,4 +160,15 @@ fn unreadable_directory_is_named_and_the_index_still_written() {
         other => panic!("{other:?}"),
     }
     assert!(snap.resolve(Path::new("dog/000.jpg")).unwrap().is_some());
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(index_writes_a_file_that_load_accepts_beside_source_by_default),
+        test!(check_rejects_a_damaged_index_and_index_rejects_a_file_source),
+        test!(
+            unreadable_directory_is_named_and_the_index_still_written,
+            Need::Accounts
+        ),
+    ])
 }

@@ -4,9 +4,11 @@
 
 mod common;
 
+use stagefs_test_support::{test, Need};
+
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -22,11 +24,7 @@ fn fresh() -> (tempfile::TempDir, std::path::PathBuf) {
     (tmp, src)
 }
 
-#[test]
 fn mounted_tree_matches_source_cold_and_warm() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let non_empty = files
@@ -68,11 +66,7 @@ fn mounted_tree_matches_source_cold_and_warm() {
     }
 }
 
-#[test]
 fn concurrent_random_reads_equal_the_source() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     let m = Mount::new(
@@ -118,11 +112,7 @@ fn concurrent_random_reads_equal_the_source() {
     assert!(s["cache_used"].as_u64().unwrap() <= 4 << 20, "{s}");
 }
 
-#[test]
 fn writes_fail_with_erofs() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -155,11 +145,7 @@ fn writes_fail_with_erofs() {
     );
 }
 
-#[test]
 fn symlinks_are_shown_not_followed() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -178,11 +164,7 @@ fn symlinks_are_shown_not_followed() {
     );
 }
 
-#[test]
 fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     // Larger than the small files that cross-file prefetch caches whole.
     let size = 6 << 20;
@@ -220,11 +202,7 @@ fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
     );
 }
 
-#[test]
 fn revalidate_shows_changes_made_while_mounted() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     fs::write(src.join("f"), pattern(1, 100_000)).unwrap();
     let m = Mount::new(
@@ -241,11 +219,7 @@ fn revalidate_shows_changes_made_while_mounted() {
     assert_eq!(fs::read(m.mnt.join("new")).unwrap(), b"fresh");
 }
 
-#[test]
 fn corrupted_cache_block_is_detected_and_refetched() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let data = pattern(3, 3 << 20);
     fs::write(src.join("f"), &data).unwrap();
@@ -273,15 +247,7 @@ fn corrupted_cache_block_is_detected_and_refetched() {
     );
 }
 
-#[test]
 fn full_scratch_still_serves_every_read() {
-    if common::skip_without_fuse() {
-        return;
-    }
-    if !is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs");
-        return;
-    }
     let (tmp, src) = fresh();
     let data = pattern(4, 12 << 20);
     fs::write(src.join("big"), &data).unwrap();
@@ -317,11 +283,7 @@ fn full_scratch_still_serves_every_read() {
     m.umount();
 }
 
-#[test]
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let mut m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -360,11 +322,7 @@ fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache(
     assert!(s["bytes_from_cache"].as_u64().unwrap() > 0, "{s}");
 }
 
-#[test]
 fn stats_file_and_stat_command_report_the_mount() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let m = Mount::new(tmp.path(), &src, &["--no-staging", "--no-passthrough"]);
@@ -376,7 +334,12 @@ fn stats_file_and_stat_command_report_the_mount() {
         fs::metadata(src.join("c/f8.bin")).unwrap().len(),
         "{s}"
     );
-    assert!(s["block_misses"].as_u64().unwrap() >= 1, "{s}");
+    // The cache was empty: the bytes came by a demand miss or by read-ahead (which, with a
+    // normal user's 128 KiB kernel read-ahead, can win the race for every block).
+    assert!(
+        s["block_misses"].as_u64().unwrap() >= 1 || s["bytes_prefetched"].as_u64().unwrap() > 0,
+        "{s}"
+    );
     assert_eq!(
         s["source"].as_str().unwrap(),
         fs::canonicalize(&src).unwrap().to_str().unwrap()
@@ -388,11 +351,7 @@ fn stats_file_and_stat_command_report_the_mount() {
     assert!(text.contains("from source"), "{text}");
 }
 
-#[test]
 fn mount_errors_are_clear() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -413,20 +372,7 @@ fn mount_errors_are_clear() {
     assert!(run(&["mount", s, m, "--cache", c]).contains("already a mountpoint"));
 }
 
-#[test]
 fn unprivileged_user_mounts_through_fusermount3() {
-    if common::skip_without_fuse() {
-        return;
-    }
-    if !is_root() {
-        eprintln!("skipped: the test switches to an unprivileged user");
-        return;
-    }
-    let mode = fs::metadata("/dev/fuse").unwrap().mode() & 0o777;
-    assert_eq!(
-        mode, 0o666,
-        "/dev/fuse must be mode 0666 for user mounts (CI does chmod 0666 /dev/fuse)"
-    );
     let uid = match Command::new("id").args(["-u", "stagefs-test"]).output() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
             .trim()
@@ -496,11 +442,7 @@ fn unprivileged_user_mounts_through_fusermount3() {
 /// Regression: open() held the backing-id lock while taking the handle map, and release()
 /// the reverse (an `if let` kept its guard alive), so concurrent opens and closes of cached
 /// small files under passthrough deadlocked the mount.
-#[test]
 fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     for i in 0..200 {
         fs::write(src.join(format!("f{i:03}")), pattern(i, 5000 + i as usize)).unwrap();
@@ -529,11 +471,7 @@ fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
     }
 }
 
-#[test]
 fn mount_from_an_index_lists_nothing_on_the_source() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     make_tree(&src);
     let index = tmp.path().join("tree.stagefs-index");
@@ -563,11 +501,7 @@ fn mount_from_an_index_lists_nothing_on_the_source() {
     );
 }
 
-#[test]
 fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let n = 400u64;
     for i in 0..n {
@@ -628,11 +562,7 @@ fn kill_9_under_eight_readers_then_remount_serves_exact_bytes() {
 /// A reader walking a directory in order on a warm cache (a DataLoader in ImageFolder order,
 /// `tar`, `cp`) is served from pages the daemon pushed ahead of it: fewer read requests than
 /// files, every byte equal.
-#[test]
 fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     fs::create_dir(src.join("d")).unwrap();
     let n = 400u64;
@@ -672,11 +602,7 @@ fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
 /// Regression: with opens skipped, the stats file was rendered afresh for the size and for
 /// every read request, so a reader got the size of one rendering and bytes of others (torn
 /// JSON under activity). Read in small pieces while eight threads read the tree.
-#[test]
 fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let (tmp, src) = fresh();
     let files = make_tree(&src);
     // No passthrough: as root it would keep opens, and with them a rendering per open.
@@ -713,4 +639,129 @@ fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
     for r in readers {
         r.join().unwrap();
     }
+}
+
+/// Issue 22, finding 4: renders held the FUSE threads, so twelve slow view reads made an `ls` of
+/// an unrelated folder wait for them (29 s with twelve 4-CPU-s JPEGs), `stagefs umount` hung on
+/// the stats file, and the daemon could not end while it rendered. Here the slow inputs are CSV
+/// tables whose views take seconds each to render in a debug build (the whole file is parsed),
+/// read by twelve `cat` processes at once: more than the FUSE threads.
+fn regression_slow_renders_do_not_starve_an_unrelated_listing_or_umount() {
+    let (tmp, src) = fresh();
+    fs::create_dir_all(src.join("tables")).unwrap();
+    fs::create_dir_all(src.join("other/deep")).unwrap();
+    fs::write(src.join("other/deep/x"), b"x").unwrap();
+    let rows: String = (0..100_000)
+        .map(|i| format!("{},{},{}\n", i as f64 * 0.5, i, i % 7))
+        .collect();
+    const TABLES: usize = 12;
+    for k in 0..TABLES {
+        fs::write(
+            src.join(format!("tables/t{k}.csv")),
+            format!("a,b,c\n{rows}{rows}"),
+        )
+        .unwrap();
+    }
+    let mut m = Mount::new(tmp.path(), &src, &[]);
+    let pid = m.stats()["pid"].as_u64().unwrap() as i32;
+    let readers: Vec<_> = (0..TABLES)
+        .map(|k| {
+            Command::new("cat")
+                .arg(m.mnt.join(format!(".npy/tables/t{k}.csv/features.npy")))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let listed: Vec<_> = fs::read_dir(m.mnt.join("other"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let stats = m.stats();
+    let waited = t0.elapsed();
+    let mut readers = readers;
+    let still_rendering = readers
+        .iter_mut()
+        .filter_map(|c| c.try_wait().unwrap().is_none().then_some(()))
+        .count();
+    assert_eq!(listed, vec![std::ffi::OsString::from("deep")]);
+    assert!(
+        still_rendering > 0,
+        "the renders ended before the listing: the inputs are too small to test anything"
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "an unrelated listing and the stats file waited {waited:?} behind {still_rendering} renders: {stats}"
+    );
+    // The readers are killed (a cancelled job). Each still waits for the answer to the request
+    // the daemon has already taken (the kernel waits it out; fuser passes no FUSE_INTERRUPT on),
+    // then the unmount, which reads the stats file first, and the daemon's exit are prompt.
+    for mut c in readers {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let t1 = std::time::Instant::now();
+    m.umount();
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 && t1.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        t1.elapsed() < Duration::from_secs(10),
+        "umount and the daemon's exit took {:?} while renders ran",
+        t1.elapsed()
+    );
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
+        test!(concurrent_random_reads_equal_the_source, Need::Fuse),
+        test!(writes_fail_with_erofs, Need::Fuse),
+        test!(symlinks_are_shown_not_followed, Need::Fuse),
+        test!(
+            source_changed_since_the_snapshot_is_estale_never_other_bytes,
+            Need::Fuse
+        ),
+        test!(revalidate_shows_changes_made_while_mounted, Need::Fuse),
+        test!(corrupted_cache_block_is_detected_and_refetched, Need::Fuse),
+        test!(full_scratch_still_serves_every_read, Need::Fuse, Need::Root),
+        test!(
+            killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache,
+            Need::Fuse
+        ),
+        test!(stats_file_and_stat_command_report_the_mount, Need::Fuse),
+        test!(mount_errors_are_clear, Need::Fuse),
+        test!(
+            unprivileged_user_mounts_through_fusermount3,
+            Need::Fuse,
+            Need::Root,
+            Need::Accounts,
+            Need::UserFuse
+        ),
+        test!(
+            regression_concurrent_open_release_of_cached_files_does_not_deadlock,
+            Need::Fuse
+        ),
+        test!(mount_from_an_index_lists_nothing_on_the_source, Need::Fuse),
+        test!(
+            kill_9_under_eight_readers_then_remount_serves_exact_bytes,
+            Need::Fuse
+        ),
+        test!(
+            in_order_reader_on_a_warm_cache_is_served_from_pushed_pages,
+            Need::Fuse
+        ),
+        test!(
+            regression_stats_read_in_pieces_under_activity_is_valid_json,
+            Need::Fuse
+        ),
+        test!(
+            regression_slow_renders_do_not_starve_an_unrelated_listing_or_umount,
+            Need::Fuse
+        ),
+    ])
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use stagefs_test_support::{test, Need};
+
 const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
 fn run_cmd(sync: &str, extra: &[&str], script: &str) -> Command {
@@ -42,7 +44,6 @@ fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf, String) {
     (t, out, home, spec)
 }
 
-#[test]
 fn exit_status_is_returned_and_outputs_synced() {
     let (_t, out, home, spec) = dirs();
     let script = format!("echo result > {}/r.txt; exit 7", out.display());
@@ -68,7 +69,6 @@ fn exit_status_is_returned_and_outputs_synced() {
     assert_eq!(o.status.code(), Some(127), "{}", stderr(&o));
 }
 
-#[test]
 fn periodic_sync_runs_while_the_command_runs() {
     let (_t, out, home, spec) = dirs();
     let flag = out.join("../synced-seen");
@@ -86,7 +86,6 @@ fn periodic_sync_runs_while_the_command_runs() {
     assert!(stderr(&o).contains("periodic sync"), "{}", stderr(&o));
 }
 
-#[test]
 fn sigterm_forwards_then_final_sync_and_child_status() {
     let (_t, out, home, spec) = dirs();
     let script = format!(
@@ -109,7 +108,6 @@ fn sigterm_forwards_then_final_sync_and_child_status() {
     );
 }
 
-#[test]
 fn sigterm_kills_a_command_that_ignores_it_after_the_grace() {
     let (_t, out, home, spec) = dirs();
     let script = format!(
@@ -131,7 +129,6 @@ fn sigterm_kills_a_command_that_ignores_it_after_the_grace() {
     );
 }
 
-#[test]
 fn sigusr1_is_forwarded_syncs_now_and_the_command_keeps_running() {
     let (_t, out, home, spec) = dirs();
     let script = format!(
@@ -165,15 +162,6 @@ fn sigusr1_is_forwarded_syncs_now_and_the_command_keeps_running() {
     );
 }
 
-/// Whether `stagefs mount` is the real one (the stub has no `--cache`).
-fn mount_available() -> bool {
-    let o = Command::new(BIN)
-        .args(["mount", "--help"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).contains("--cache")
-}
-
 fn is_mounted(mnt: &Path) -> bool {
     let mnt = std::fs::canonicalize(mnt).unwrap_or_else(|_| mnt.to_path_buf());
     std::fs::read_to_string("/proc/self/mounts")
@@ -182,15 +170,7 @@ fn is_mounted(mnt: &Path) -> bool {
         .any(|l| l.split(' ').nth(1) == Some(&*mnt.to_string_lossy()))
 }
 
-#[test]
 fn mount_serves_the_command_and_is_gone_afterwards() {
-    if common::skip_without_fuse() {
-        return;
-    }
-    if !mount_available() {
-        eprintln!("SKIPPED: `stagefs mount` is still the stub in this build (no --cache option)");
-        return;
-    }
     let (t, out, home, spec) = dirs();
     let (data, mnt, cache) = (
         t.path().join("bigdata/processed"),
@@ -220,7 +200,6 @@ fn mount_serves_the_command_and_is_gone_afterwards() {
 
 /// A command that succeeds but whose outputs could not all be synced must not look successful:
 /// a job chained with `--dependency=afterok` would start on missing outputs.
-#[test]
 fn failed_final_sync_turns_success_into_exit_1() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("o");
@@ -242,4 +221,16 @@ fn failed_final_sync_turns_success_into_exit_1() {
     assert!(stderr(&o).contains("FAILED"), "{}", stderr(&o));
     assert!(stderr(&o).contains("final sync failed"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(home.join("fine")).unwrap(), "ok\n");
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(exit_status_is_returned_and_outputs_synced),
+        test!(periodic_sync_runs_while_the_command_runs),
+        test!(sigterm_forwards_then_final_sync_and_child_status),
+        test!(sigterm_kills_a_command_that_ignores_it_after_the_grace),
+        test!(sigusr1_is_forwarded_syncs_now_and_the_command_keeps_running),
+        test!(mount_serves_the_command_and_is_gone_afterwards, Need::Fuse),
+        test!(failed_final_sync_turns_success_into_exit_1),
+    ])
 }

@@ -5,6 +5,8 @@
 
 mod common;
 
+use stagefs_test_support::{test, Need};
+
 use std::fs;
 use std::path::Path;
 
@@ -73,11 +75,7 @@ fn files_under(dir: &Path) -> usize {
     n
 }
 
-#[test]
 fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
-    if common::skip_without_fuse() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     generate(&src);
@@ -107,4 +105,11 @@ fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
     );
     assert_eq!(s["bytes_from_source"], 0, "the remount re-read data: {s}");
     m.umount();
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![test!(
+        two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing,
+        Need::Fuse
+    )])
 }

@@ -6,12 +6,14 @@
 
 mod common;
 
+use stagefs_test_support::{test, Need};
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{is_root, BIN};
+use common::BIN;
 
 const VICTIM: &str = "stagefs-test";
 const OTHER: &str = "stagefs-test2";
@@ -21,22 +23,9 @@ fn uid_of(user: &str) -> Option<u32> {
     String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
-/// The two accounts, or `None` (after printing why) when this machine cannot run the test.
-fn users() -> Option<(u32, u32)> {
-    if !is_root() {
-        eprintln!("skipped: needs root to act as two users");
-        return None;
-    }
-    if common::skip_without_fuse() {
-        return None;
-    }
-    match (uid_of(VICTIM), uid_of(OTHER)) {
-        (Some(v), Some(o)) => Some((v, o)),
-        _ => {
-            eprintln!("skipped: needs the accounts {VICTIM} and {OTHER} (see .ci/run)");
-            None
-        }
-    }
+/// The two accounts (the harness runs these tests only where they exist).
+fn users() -> (u32, u32) {
+    (uid_of(VICTIM).unwrap(), uid_of(OTHER).unwrap())
 }
 
 /// `cmd args...` as `uid` (its own group, no supplementary groups, umask 000 so that only
@@ -113,11 +102,8 @@ fn plant(other: u32, dir: &Path, victim_file: &Path) {
     }
 }
 
-#[test]
 fn cache_dir_owned_by_other_user_is_refused() {
-    let Some((victim, other)) = users() else {
-        return;
-    };
+    let (victim, other) = users();
     let n = node(victim);
     let planted = n.shared.join("cache");
     plant(other, &planted, &n.home.join(".bashrc"));
@@ -144,11 +130,8 @@ fn cache_dir_owned_by_other_user_is_refused() {
     );
 }
 
-#[test]
 fn run_default_cache_ignores_a_planted_predictable_dir() {
-    let Some((victim, other)) = users() else {
-        return;
-    };
+    let (victim, other) = users();
     let n = node(victim);
     // The name turn 1 used: TMPDIR/stagefs-cache-<hash of SRC> (planted for any hash: every
     // name the victim could pick in the shared dir directly is refused or unused anyway).
@@ -209,4 +192,21 @@ fn run_default_cache_ignores_a_planted_predictable_dir() {
         fs::read(n2.home.join(".bashrc")).unwrap(),
         b"# the victim's dotfile\n"
     );
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(
+            cache_dir_owned_by_other_user_is_refused,
+            Need::Root,
+            Need::Fuse,
+            Need::Accounts
+        ),
+        test!(
+            run_default_cache_ignores_a_planted_predictable_dir,
+            Need::Root,
+            Need::Fuse,
+            Need::Accounts
+        ),
+    ])
 }

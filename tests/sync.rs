@@ -2,6 +2,7 @@
 //! failures named in the output with a non-zero exit, and the `--every` loop's last pass.
 #![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
 
+use stagefs_test_support::{test, Need};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -28,23 +29,9 @@ fn temp_of_this_node(pid: u32, name: &str) -> String {
     format!(".stagefs-tmp.thishost.{boot}-{ns}.{pid}.12345.0123456789abcdef.{name}")
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// The uid of a test account, or None (with a note) when the test cannot switch users.
-fn test_user(name: &str) -> Option<u32> {
-    if !is_root() {
-        eprintln!("skipped: needs root to act as the test users");
-        return None;
-    }
-    let o = Command::new("id").args(["-u", name]).output().unwrap();
-    assert!(
-        o.status.success(),
-        "user {name} is missing (.ci/run creates it: useradd --create-home {name})"
-    );
-    Some(String::from_utf8_lossy(&o.stdout).trim().parse().unwrap())
+/// The uid of a test account (the harness runs these tests only where the accounts exist).
+fn test_user(name: &str) -> u32 {
+    stagefs_test_support::uid_of(name).unwrap()
 }
 
 /// `cmd` run as `uid` (its group is the same number, as useradd makes it).
@@ -73,7 +60,6 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
 fn copies_tree_keeps_mode_mtime_and_symlinks_then_skips_unchanged() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -111,7 +97,6 @@ fn copies_tree_keeps_mode_mtime_and_symlinks_then_skips_unchanged() {
     assert!(stderr(&o).contains("4 unchanged"), "{}", stderr(&o));
 }
 
-#[test]
 fn verify_catches_same_size_and_mtime_with_other_bytes() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -141,7 +126,6 @@ fn verify_catches_same_size_and_mtime_with_other_bytes() {
     assert_eq!(std::fs::read(dst.join("f")).unwrap(), b"AAAA");
 }
 
-#[test]
 fn delete_removes_extras_and_leftover_temporaries_are_cleaned() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -172,7 +156,6 @@ fn delete_removes_extras_and_leftover_temporaries_are_cleaned() {
     assert_eq!(std::fs::read(dst.join("keep/k")).unwrap(), b"k");
 }
 
-#[test]
 fn failures_are_named_and_exit_nonzero() {
     // As root nothing is denied, so make a destination path exceed PATH_MAX (4096) while the
     // source path stays within it.
@@ -199,7 +182,6 @@ fn failures_are_named_and_exit_nonzero() {
     assert_eq!(std::fs::read(dst.join("ok")).unwrap(), b"fine");
 }
 
-#[test]
 fn bad_arguments_get_clear_errors() {
     let t = tempfile::tempdir().unwrap();
     let o = sync(&t.path().join("missing"), &t.path().join("d"), &[]);
@@ -212,7 +194,6 @@ fn bad_arguments_get_clear_errors() {
 
 /// A checkpoint rewritten in place while passes run: the destination must always hold one
 /// complete version (every byte equal to the version number), never a mix.
-#[test]
 fn file_written_during_copy_is_never_installed_torn() {
     const SIZE: usize = 8 << 20;
     const CHUNK: usize = 256 << 10;
@@ -285,7 +266,6 @@ fn file_written_during_copy_is_never_installed_torn() {
 }
 
 /// `--every` keeps passing until SIGUSR1, then runs a last pass that picks up late files.
-#[test]
 fn every_runs_a_last_pass_on_signal() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -318,7 +298,6 @@ fn every_runs_a_last_pass_on_signal() {
 }
 
 /// A path that changed type (file <-> directory) in the source is replaced in the destination.
-#[test]
 fn type_changes_replace_the_destination_entry() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -338,7 +317,6 @@ fn type_changes_replace_the_destination_entry() {
 /// Issue 10, item 5: `sync SRC DST --delete` with SRC inside DST deleted SRC itself and the
 /// rest of DST. Now refused, with nothing touched; without --delete it runs and never writes
 /// into or over SRC.
-#[test]
 fn sync_delete_refuses_src_inside_dst() {
     let t = tempfile::tempdir().unwrap();
     let dst = t.path().join("dst");
@@ -393,7 +371,6 @@ fn sync_delete_refuses_src_inside_dst() {
 /// Issue 10, item 6: sync deleted any file in DST named `.stagefs-tmp.*`, even without
 /// --delete, and skipped such files in SRC. Only names of stagefs's exact pattern are
 /// temporaries now.
-#[test]
 fn sync_removes_only_its_own_temporaries() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -439,7 +416,6 @@ fn sync_removes_only_its_own_temporaries() {
 /// Issue 10: two nodes syncing into one DST judged each other's temporaries by a pid on their
 /// own node, and deleted live ones. A temporary written on another node (another boot id or
 /// pid namespace) is left alone while it is young, whatever its pid means here.
-#[test]
 fn sync_keeps_live_temporaries_of_another_node() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -470,10 +446,6 @@ fn sync_keeps_live_temporaries_of_another_node() {
 
     // Two real passes at once into one DST, each in its own pid namespace (to each other, two
     // nodes): neither removes the other's temporaries, so neither fails a rename.
-    if !is_root() {
-        eprintln!("skipped the concurrent part: unshare --pid needs root");
-        return;
-    }
     let run = |jobs: &str| {
         Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc"])
@@ -528,12 +500,8 @@ fn sync_keeps_live_temporaries_of_another_node() {
 /// victim syncs a SRC that holds a shared drop directory (sticky, world-writable, as shared
 /// scratch dirs are); the attacker swaps their file there for a symlink to the victim's
 /// private file while the pass runs.
-#[test]
 fn sync_does_not_follow_symlink_swapped_in_mid_run() {
-    let (Some(victim), Some(attacker)) = (test_user("stagefs-test"), test_user("stagefs-test2"))
-    else {
-        return;
-    };
+    let (victim, attacker) = (test_user("stagefs-test"), test_user("stagefs-test2"));
     let t = tempfile::tempdir().unwrap();
     let base = t.path();
     std::fs::set_permissions(base, PermissionsExt::from_mode(0o755)).unwrap();
@@ -613,11 +581,8 @@ fn sync_does_not_follow_symlink_swapped_in_mid_run() {
 
 /// A sync run as root would have copied a user's setuid bit onto a root-owned copy: a
 /// root-owned setuid program of the user's making. Copies never carry setuid/setgid.
-#[test]
 fn sync_as_root_never_creates_setuid_files() {
-    let Some(user) = test_user("stagefs-test") else {
-        return;
-    };
+    let user = test_user("stagefs-test");
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     std::fs::create_dir_all(&src).unwrap();
@@ -637,7 +602,6 @@ fn sync_as_root_never_creates_setuid_files() {
 
 /// Without --delete, a directory in DST is never removed to make room for a file: it may hold
 /// files synced earlier that SRC no longer has. The path fails, named, and nothing is lost.
-#[test]
 fn sync_without_delete_keeps_directory_in_the_way_of_a_file() {
     let t = tempfile::tempdir().unwrap();
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
@@ -658,4 +622,31 @@ fn sync_without_delete_keeps_directory_in_the_way_of_a_file() {
         b"synced yesterday"
     );
     assert_eq!(std::fs::read(dst.join("other")).unwrap(), b"o");
+}
+
+fn main() -> std::process::ExitCode {
+    stagefs_test_support::run(vec![
+        test!(copies_tree_keeps_mode_mtime_and_symlinks_then_skips_unchanged),
+        test!(verify_catches_same_size_and_mtime_with_other_bytes),
+        test!(delete_removes_extras_and_leftover_temporaries_are_cleaned),
+        test!(failures_are_named_and_exit_nonzero),
+        test!(bad_arguments_get_clear_errors),
+        test!(file_written_during_copy_is_never_installed_torn),
+        test!(every_runs_a_last_pass_on_signal),
+        test!(type_changes_replace_the_destination_entry),
+        test!(sync_delete_refuses_src_inside_dst),
+        test!(sync_removes_only_its_own_temporaries),
+        test!(sync_keeps_live_temporaries_of_another_node, Need::Root),
+        test!(
+            sync_does_not_follow_symlink_swapped_in_mid_run,
+            Need::Root,
+            Need::Accounts
+        ),
+        test!(
+            sync_as_root_never_creates_setuid_files,
+            Need::Root,
+            Need::Accounts
+        ),
+        test!(sync_without_delete_keeps_directory_in_the_way_of_a_file),
+    ])
 }

@@ -448,6 +448,19 @@ impl FsCore {
         self.files.set_page_sink(sink);
     }
 
+    /// Whether a request about inode `ino` (or, with `name`, about its child `name`) may render
+    /// a view: anything under `.npy/`, and `.npy` itself (its first use builds the view set).
+    /// The adapter runs those on its view pool ([`crate::offload`]). No lock for source inodes.
+    pub fn may_render(&self, ino: u64, name: Option<&OsStr>) -> bool {
+        if ino < crate::inode::VIRTUAL_BASE {
+            return ino == ROOT_INO && name.is_some_and(|n| n == VIEW_DIR);
+        }
+        matches!(
+            self.inodes.get(ino),
+            Some(Node::Virtual(Virtual::ViewDir(_) | Virtual::ViewFile(_)))
+        )
+    }
+
     /// The inode number of `.stagefs/stats`.
     pub fn stats_ino(&self) -> u64 {
         self.inodes.ino(Virtual::Stats)

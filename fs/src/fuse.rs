@@ -9,6 +9,9 @@
 //! which the kernel stops sending them; reads of up to 1 MiB are allowed (`FUSE_MAX_PAGES`),
 //! and each is answered with a slice of a cached block.
 //!
+//! Requests that may render a view (anything under `.npy/`) run on the view pool
+//! ([`crate::offload`]) with their reply, so a slow render never holds a FUSE thread.
+//!
 //! Passthrough: when the kernel grants `FUSE_PASSTHROUGH` (root, kernel ≥ 6.9), fully cached,
 //! verified large files are opened with a backing file so the kernel reads scratch directly.
 //! One backing id per inode is shared by its open handles ([`BackingCache`], one lock); if
@@ -30,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::core::{lock, Attr, FsCore};
 use crate::error::FsError;
+use crate::offload::Offload;
 
 /// Replies fuser could not send because the kernel had given up on the request (interrupted
 /// readers); counted by the daemon's log layer, reported in the stats as `replies_dropped`.
@@ -110,6 +114,7 @@ pub struct FuseFs {
     readdirplus: bool,
     lookups: Arc<Lookups>,
     backing: Mutex<BackingCache>,
+    views: Offload,
 }
 
 impl FuseFs {
@@ -117,13 +122,15 @@ impl FuseFs {
     /// answers the first `open` with `ENOSYS`, after which the kernel opens files without
     /// asking (`FUSE_NO_OPEN_SUPPORT`: no open or release round trip per file, and the page
     /// cache kept across opens). Passthrough needs opens, so it wins when granted.
-    /// `lookups` counts what the kernel holds (shared with the page pusher).
+    /// `lookups` counts what the kernel holds (shared with the page pusher). `views` runs the
+    /// requests that may render.
     pub fn new(
         core: Arc<FsCore>,
         passthrough: bool,
         skip_open: bool,
         readdirplus: bool,
         lookups: Arc<Lookups>,
+        views: Offload,
     ) -> FuseFs {
         FuseFs {
             core,
@@ -132,6 +139,7 @@ impl FuseFs {
             readdirplus,
             lookups,
             backing: Mutex::new(BackingCache::default()),
+            views,
         }
     }
 }
@@ -181,15 +189,80 @@ fn attr(a: &Attr) -> FileAttr {
     }
 }
 
-impl FuseFs {
-    /// The stats file changes as counters grow: its attributes are never cached, and each look
-    /// at them shows a new mtime, which makes the kernel drop its pages (`FUSE_AUTO_INVAL_DATA`).
-    fn changing(&self, a: &Attr) -> bool {
-        a.ino == self.core.stats_ino()
-    }
+/// The stats file changes as counters grow: its attributes are never cached, and each look
+/// at them shows a new mtime, which makes the kernel drop its pages (`FUSE_AUTO_INVAL_DATA`).
+fn changing(core: &FsCore, a: &Attr) -> bool {
+    a.ino == core.stats_ino()
+}
 
-    fn ttl(&self) -> Duration {
-        self.core.ttl()
+fn reply_lookup(core: &FsCore, lookups: &Lookups, parent: u64, name: &OsStr, reply: ReplyEntry) {
+    match guard("lookup", || core.lookup(parent, name)) {
+        Ok(a) if changing(core, &a) => reply.entry(&Duration::ZERO, &attr(&a), Generation(0)),
+        Ok(a) => {
+            lookups.add(a.ino);
+            reply.entry(&core.ttl(), &attr(&a), Generation(0))
+        }
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_getattr(core: &FsCore, ino: u64, reply: ReplyAttr) {
+    match guard("getattr", || core.getattr(ino)) {
+        Ok(a) if changing(core, &a) => reply.attr(&Duration::ZERO, &attr(&a)),
+        Ok(a) => reply.attr(&core.ttl(), &attr(&a)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_read(core: &FsCore, ino: u64, fh: u64, offset: u64, size: u32, reply: ReplyData) {
+    match guard("read", || core.read(ino, fh, offset, size)) {
+        Ok(data) => reply.data(data.as_ref()),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_readdir(core: &FsCore, ino: u64, offset: u64, mut reply: ReplyDirectory) {
+    let r = guard("readdir", || {
+        core.readdir(ino, offset, |e| {
+            reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), e.name)
+        })
+    });
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_readdirplus(
+    core: &FsCore,
+    lookups: &Lookups,
+    ino: u64,
+    offset: u64,
+    mut reply: ReplyDirectoryPlus,
+) {
+    let ttl = core.ttl();
+    let r = guard("readdirplus", || {
+        core.readdir(ino, offset, |e| {
+            // `.` and `..` carry no entry the kernel could cache (their attributes are
+            // not looked up by name).
+            let full = reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                e.name,
+                &ttl,
+                &attr(&e.attr),
+                Generation(0),
+            );
+            // The kernel counts a lookup for every entry but `.` and `..`.
+            if !full && e.name != "." && e.name != ".." {
+                lookups.add(e.ino);
+            }
+            full
+        })
+    });
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
     }
 }
 
@@ -222,14 +295,13 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match guard("lookup", || self.core.lookup(parent.0, name)) {
-            Ok(a) if self.changing(&a) => reply.entry(&Duration::ZERO, &attr(&a), Generation(0)),
-            Ok(a) => {
-                self.lookups.add(a.ino);
-                reply.entry(&self.ttl(), &attr(&a), Generation(0))
-            }
-            Err(e) => reply.error(errno(&e)),
+        if self.core.may_render(parent.0, Some(name)) {
+            let (core, lookups, name) = (self.core.clone(), self.lookups.clone(), name.to_owned());
+            return self
+                .views
+                .run(move || reply_lookup(&core, &lookups, parent.0, &name, reply));
         }
+        reply_lookup(&self.core, &self.lookups, parent.0, name, reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -237,11 +309,11 @@ impl Filesystem for FuseFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match guard("getattr", || self.core.getattr(ino.0)) {
-            Ok(a) if self.changing(&a) => reply.attr(&Duration::ZERO, &attr(&a)),
-            Ok(a) => reply.attr(&self.ttl(), &attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+        if self.core.may_render(ino.0, None) {
+            let core = self.core.clone();
+            return self.views.run(move || reply_getattr(&core, ino.0, reply));
         }
+        reply_getattr(&self.core, ino.0, reply)
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -259,17 +331,21 @@ impl Filesystem for FuseFs {
             // Reads then arrive without a handle; the core serves them by inode.
             return reply.error(fuser::Errno::ENOSYS);
         }
+        if self.core.may_render(ino.0, None) {
+            // A view: no passthrough, and opening it may need its size.
+            let core = self.core.clone();
+            return self.views.run(move || {
+                match guard("open", || core.open(ino.0, write, false)) {
+                    Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+        }
         let opened = match guard("open", || self.core.open(ino.0, write, passthrough)) {
             Ok(o) => o,
             Err(e) => return reply.error(errno(&e)),
         };
-        let mut fopen = FopenFlags::empty();
-        if opened.keep_cache {
-            fopen |= FopenFlags::FOPEN_KEEP_CACHE;
-        }
-        if opened.direct_io {
-            fopen |= FopenFlags::FOPEN_DIRECT_IO;
-        }
+        let fopen = open_flags(&opened);
         let fh = opened.fh;
         if let Some(file) = opened.passthrough {
             let id = {
@@ -315,10 +391,13 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match guard("read", || self.core.read(ino.0, fh.0, offset, size)) {
-            Ok(data) => reply.data(data.as_ref()),
-            Err(e) => reply.error(errno(&e)),
+        if self.core.may_render(ino.0, None) {
+            let core = self.core.clone();
+            return self
+                .views
+                .run(move || reply_read(&core, ino.0, fh.0, offset, size, reply));
         }
+        reply_read(&self.core, ino.0, fh.0, offset, size, reply)
     }
 
     fn release(
@@ -370,17 +449,15 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let r = guard("readdir", || {
-            self.core.readdir(ino.0, offset, |e| {
-                reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), e.name)
-            })
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        if self.core.may_render(ino.0, None) {
+            let core = self.core.clone();
+            return self
+                .views
+                .run(move || reply_readdir(&core, ino.0, offset, reply));
         }
+        reply_readdir(&self.core, ino.0, offset, reply)
     }
 
     fn readdirplus(
@@ -389,32 +466,15 @@ impl Filesystem for FuseFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let ttl = self.ttl();
-        let r = guard("readdirplus", || {
-            self.core.readdir(ino.0, offset, |e| {
-                // `.` and `..` carry no entry the kernel could cache (their attributes are
-                // not looked up by name).
-                let full = reply.add(
-                    INodeNo(e.ino),
-                    e.offset,
-                    e.name,
-                    &ttl,
-                    &attr(&e.attr),
-                    Generation(0),
-                );
-                // The kernel counts a lookup for every entry but `.` and `..`.
-                if !full && e.name != "." && e.name != ".." {
-                    self.lookups.add(e.ino);
-                }
-                full
-            })
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        if self.core.may_render(ino.0, None) {
+            let (core, lookups) = (self.core.clone(), self.lookups.clone());
+            return self
+                .views
+                .run(move || reply_readdirplus(&core, &lookups, ino.0, offset, reply));
         }
+        reply_readdirplus(&self.core, &self.lookups, ino.0, offset, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -437,11 +497,28 @@ impl Filesystem for FuseFs {
         if mask.bits() & libc::W_OK != 0 {
             return reply.error(errno(&FsError::ReadOnly));
         }
-        match guard("access", || self.core.getattr(ino.0)) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+        let access =
+            move |core: &FsCore, reply: ReplyEmpty| match guard("access", || core.getattr(ino.0)) {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            };
+        if self.core.may_render(ino.0, None) {
+            let core = self.core.clone();
+            return self.views.run(move || access(&core, reply));
         }
+        access(&self.core, reply)
     }
+}
+
+fn open_flags(o: &crate::core::Opened) -> FopenFlags {
+    let mut fopen = FopenFlags::empty();
+    if o.keep_cache {
+        fopen |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if o.direct_io {
+        fopen |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    fopen
 }
 
 /// The source filesystem's statvfs, so `df` on the mount shows the dataset's filesystem.

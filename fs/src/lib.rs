@@ -10,6 +10,7 @@
 //! - [`walk`]: following readers through directories (cross-file prefetch, page pushes).
 //! - [`views`]: the `.npy/` tree.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
+//! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
 pub mod control;
 pub mod core;
@@ -18,6 +19,7 @@ pub mod files;
 pub mod fuse;
 pub mod inode;
 pub mod mount;
+pub mod offload;
 pub mod snapshot;
 pub mod views;
 pub mod walk;

@@ -89,6 +89,7 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
         opts.skip_open,
         opts.readdirplus,
         lookups.clone(),
+        crate::offload::Offload::new(0)?,
     );
     let mut session = Session::new(fs, mountpoint, &cfg)?;
     let unmounter = session.unmount_callable();

@@ -552,16 +552,43 @@ fn unmount_path(path: &Path, lazy: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `stagefs umount` waits for the stats file (which names the daemon's pid) before it
+/// unmounts without it: the control files answer at once unless the daemon is hung.
+const STATS_WAIT: Duration = Duration::from_secs(3);
+
+/// The daemon's pid from the mount's stats file, or `None` if the mount does not answer within
+/// [`STATS_WAIT`] (the read goes on in a thread of its own, which exit ends).
+fn daemon_pid(mountpoint: &Path) -> Option<u64> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = mountpoint.join(".stagefs/stats");
+    std::thread::Builder::new()
+        .name("stats".into())
+        .spawn(move || {
+            let _ = tx.send(fs::read_to_string(path).ok());
+        })
+        .ok()?;
+    match rx.recv_timeout(STATS_WAIT) {
+        Ok(stats) => stats
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v.get("pid").and_then(|p| p.as_u64())),
+        Err(_) => {
+            eprintln!(
+                "stagefs umount: {} does not answer (daemon busy or hung): unmounting lazily without waiting for the daemon",
+                mountpoint.display()
+            );
+            None
+        }
+    }
+}
+
 /// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache index.
 pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
-    let stats = fs::read_to_string(args.mountpoint.join(".stagefs/stats")).ok();
-    let pid = stats
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-        .and_then(|v| v.get("pid").and_then(|p| p.as_u64()));
     if !is_mountpoint(&args.mountpoint) {
         bail!("{} is not mounted", args.mountpoint.display());
     }
-    unmount_path(&args.mountpoint, args.lazy)?;
+    let pid = daemon_pid(&args.mountpoint);
+    // A mount that did not answer still has our stats read open: a plain unmount would be EBUSY.
+    unmount_path(&args.mountpoint, args.lazy || pid.is_none())?;
     if let Some(pid) = pid {
         let deadline = Instant::now() + Duration::from_secs(30);
         // SAFETY: kill with signal 0 only checks that the process exists.

@@ -10,47 +10,8 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Why this machine cannot mount FUSE filesystems, if it cannot: no `/dev/fuse` to open, or
-/// (as a normal user) no `fusermount3`.
-pub fn fuse_missing() -> Option<String> {
-    if let Err(e) = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-    {
-        return Some(format!("/dev/fuse cannot be opened ({e}); install fuse3"));
-    }
-    let in_path = |name: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    if !is_root() && !in_path("fusermount3") {
-        return Some("fusermount3 is not installed (package fuse3)".into());
-    }
-    None
-}
-
-/// At the start of a test that mounts: `if common::skip_without_fuse() { return; }`. Prints a
-/// visible `skipped: needs FUSE` line (straight to stderr, past the test harness's capture)
-/// and tells the test to return where FUSE cannot be used.
-pub fn skip_without_fuse() -> bool {
-    let Some(why) = fuse_missing() else {
-        return false;
-    };
-    use std::io::Write;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    // On a line of its own, also when the harness has just printed "test NAME ... ".
-    let _ = writeln!(std::io::stderr(), "\nskipped: needs FUSE: {test}: {why}");
-    true
-}
+#[allow(unused_imports)]
+pub use stagefs_test_support::is_root;
 
 /// Deterministic pseudo-random bytes.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {

@@ -86,8 +86,15 @@ def test_every_npy_view_opens_with_mmap(mount):
     assert npys
     for rel in npys:
         arr = np.load(mount.mnt / ".npy" / rel, mmap_mode="r")
-        assert arr.size >= 0
-        np.asarray(arr[: min(len(arr), 3)]).copy()
+        # The file is exactly its header and the data the header promises, and the first rows
+        # read back whole.
+        with open(mount.mnt / ".npy" / rel, "rb") as f:
+            prefix = f.read(10)
+        assert prefix[:8] == b"\x93NUMPY\x01\x00", rel  # format 1.0: a 2-byte header length
+        header_len = 10 + int.from_bytes(prefix[8:10], "little")
+        assert os.stat(mount.mnt / ".npy" / rel).st_size == header_len + arr.nbytes, rel
+        head = np.asarray(arr[: min(len(arr), 3)]).copy()
+        assert head.shape == (min(len(arr), 3),) + arr.shape[1:], rel
 
 
 def test_table_columns_equal_pyarrow(dataset, mount):
