@@ -82,7 +82,10 @@ done
 trap - USR1 TERM INT
 if [ "$rc" = "$REQUEUE_EXIT" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
   echo "train: checkpointed on the warning and synced home; requeueing job $SLURM_JOB_ID"
-  scontrol requeue "$SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || {
+    echo "train: scontrol requeue failed; submit this script again to continue from $RESUME_FROM" >&2
+    exit "$rc"
+  }
   exit 0
 fi
 exit "$rc"
