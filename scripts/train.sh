@@ -4,10 +4,15 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --time=04:00:00
 #SBATCH --output=%x-%j.out
-# Five minutes before the time limit, send SIGUSR1 to the batch shell only ("B:"): stagefs run
-# (which IS the batch shell, see the `exec` below) forwards it to the training process, so it
-# can checkpoint, and syncs what is already written right away.
+# A requeued run appends to the same log instead of truncating it.
+#SBATCH --open-mode=append
+# Five minutes before the time limit, send SIGUSR1 to the batch shell only ("B:"): this shell
+# passes it to stagefs run, which forwards it to the training process, so it can checkpoint,
+# and syncs what is already written right away.
 #SBATCH --signal=B:USR1@300
+# The job may run again under the same id: after a warning checkpoint (below: this script calls
+# `scontrol requeue`), and on preemption or node failure (SLURM requeues by itself).
+#SBATCH --requeue
 #
 # Job 2 of 2 (GPU partition): train on the preprocessed data, keep the outputs.
 #
@@ -18,6 +23,14 @@
 #   the job ends, so `--sync` copies new and changed files to persistent storage every
 #   $SYNC_EVERY, on the SIGUSR1 warning, on SIGTERM (time limit, scancel) and when training
 #   exits. Each copy is crash-safe: $RUNS/<jobid> holds complete files only.
+# - Time limit: on the warning the trainer checkpoints (model, optimizer, loader position) and
+#   exits with $REQUEUE_EXIT; once stagefs run has synced that checkpoint home and exited, this
+#   script requeues the job. The next run (same job id, SLURM_RESTART_COUNT=1, 2, ...) finds the
+#   newest complete checkpoint in $RUNS/<jobid> ($RESUME_FROM) and continues mid-epoch.
+#   SLURM itself never requeues a job that hit its time limit (--requeue covers preemption and
+#   node failure), and an exit status cannot ask it to (RequeueExit is the admin's slurm.conf),
+#   so the requeue is this script's, after the final sync: a requeue issued while stagefs run
+#   still syncs would kill the sync.
 set -euo pipefail
 
 BIGDATA=${BIGDATA:-/bigdata/${USER:-$(id -un)}}
@@ -33,6 +46,11 @@ DATA=$SCRATCH/data
 OUT=$SCRATCH/out
 # The training command: it reads $DATA and writes checkpoints to $OUT.
 TRAIN_CMD=${TRAIN_CMD:-python train.py --data "$DATA" --out "$OUT"}
+# The trainer's exit status for "checkpointed on the warning, run me again"
+# (examples/train_stagefs.py --requeue-exit).
+REQUEUE_EXIT=${REQUEUE_EXIT:-42}
+# Where a requeued run finds its checkpoints: what stagefs run synced home for this job id.
+RESUME_FROM=$RUNS/${SLURM_JOB_ID:-manual}
 
 mkdir -p "$SCRATCH"
 MOUNT_ARGS=(--mount "$PROCESSED:$DATA:$SCRATCH/cache")
@@ -40,13 +58,34 @@ if [ "$USE_MOUNT" = 0 ]; then
   MOUNT_ARGS=()
   DATA=$PROCESSED
 fi
-export BIGDATA PROCESSED RUNS SCRATCH DATA OUT
-echo "train: job ${SLURM_JOB_ID:-manual} on $(hostname): data $DATA, outputs $OUT -> $RUNS/${SLURM_JOB_ID:-manual}"
+export BIGDATA PROCESSED RUNS SCRATCH DATA OUT RESUME_FROM
+echo "train: job ${SLURM_JOB_ID:-manual} (run $((${SLURM_RESTART_COUNT:-0} + 1))) on $(hostname):" \
+  "data $DATA, outputs $OUT -> $RUNS/${SLURM_JOB_ID:-manual}"
 
-# `exec`: stagefs replaces this shell, so it is the process SLURM signals (B:USR1, SIGTERM) and
-# the job's exit status is the training command's. Without exec, bash would receive SIGUSR1,
-# die of it, and no final sync would happen.
-exec "$STAGEFS" run "${MOUNT_ARGS[@]}" \
+# stagefs run in the background, this shell passing SLURM's signals on: bash runs a trap only
+# between commands, and `wait` is one it interrupts. (With `exec`, nothing could run after
+# stagefs run to requeue; without the traps, bash would die of SIGUSR1 and skip the final sync.)
+"$STAGEFS" run "${MOUNT_ARGS[@]}" \
   --sync "$OUT:$RUNS/${SLURM_JOB_ID:-manual}" \
   --every "$SYNC_EVERY" \
-  -- bash -c "$TRAIN_CMD"
+  -- bash -c "$TRAIN_CMD" &
+child=$!
+trap 'kill -USR1 "$child" 2>/dev/null || true' USR1
+trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
+rc=
+while [ -z "$rc" ]; do
+  status=0
+  wait "$child" || status=$?
+  # Interrupted by a forwarded signal: stagefs run still runs, wait again.
+  kill -0 "$child" 2>/dev/null || rc=$status
+done
+trap - USR1 TERM INT
+if [ "$rc" = "$REQUEUE_EXIT" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  echo "train: checkpointed on the warning and synced home; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || {
+    echo "train: scontrol requeue failed; submit this script again to continue from $RESUME_FROM" >&2
+    exit "$rc"
+  }
+  exit 0
+fi
+exit "$rc"

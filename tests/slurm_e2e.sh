@@ -9,6 +9,11 @@
 #   2. a failed preprocess never starts training (DependencyNeverSatisfied).
 #   3. a training job warned with `scancel --signal=USR1 --batch` checkpoints and syncs while
 #      still running, then is killed by its time limit, and its last checkpoint is still home.
+#   4. requeue: examples/train_stagefs.py (torch, CPU, deterministic) under scripts/train.sh is
+#      warned mid-epoch, checkpoints model/optimizer/loader state, exits; stagefs run syncs the
+#      checkpoint home, train.sh requeues the job; the next run resumes from the checkpoint on
+#      "persistent" storage and finishes. Its final weights and per-step sample checksums equal
+#      those of an uninterrupted run. (Skipped without torch and the stagefs Python package.)
 # Needs root (the daemons run as root). Prints "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -166,6 +171,56 @@ check "no temporaries left in the run directory" \
 check "its scratch was wiped" test ! -e "$SCRATCH_ROOT/$J"
 check "no mount left behind on the node" test -z "$(grep -F "$SCRATCH_ROOT" /proc/self/mounts)"
 grep -E "stagefs run: (SIGUSR1|SIGTERM|final|outputs)" "$T/jobs/train-$J.out" | sed 's/^/    /'
+
+# --- 4. requeued mid-epoch, resumed from persistent storage: the same training as without.
+PY=${STAGEFS_PYTHON:-$(command -v python3)}
+if ! "$PY" -c 'import numpy, torch, stagefs' 2>/dev/null; then
+  echo "ok - skipped: needs torch, numpy and the stagefs Python package for $PY (scripts/env.sh)"
+else
+  IMGS="$PROCESSED/imgs"
+  mkdir -p "$IMGS"
+  "$PY" - "$IMGS" <<'EOF2'
+import sys
+import numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(0)
+np.save(f"{d}/images.npy", rng.integers(0, 256, (60, 20, 20, 3), dtype=np.uint8))
+np.save(f"{d}/labels.npy", rng.integers(0, 4, 60).astype(np.int64))
+open(f"{d}/classes.txt", "w").write("a\nb\nc\nd\n")
+EOF2
+  # 60 samples in batches of 8: 8 steps per epoch, so step 11 is 3 batches into epoch 1.
+  ARGS="--steps 24 --batch-size 8 --crop 16 --seed 3 --threads 1 --device cpu --ckpt-every 5"
+  # shellcheck disable=SC2086
+  "$PY" "$ROOT/examples/train_stagefs.py" "$IMGS" $ARGS --out "$T/ref" >"$T/jobs/reference.out" 2>&1
+  check "uninterrupted reference run finished" test -s "$T/ref/weights.sha256"
+  export SYNC_EVERY=2s
+  export TRAIN_CMD="$PY $ROOT/examples/train_stagefs.py \"\$DATA/imgs\" $ARGS --out \"\$OUT\" --step-sleep 0.4"
+  # As in 3: --signal=B:URG@1 replaces the template's 300 s warning (which a short limit would
+  # trigger at once), so the USR1 below is the only warning.
+  J=$(sbatch --parsable --cpus-per-task=1 --time=10 --signal=B:URG@1 \
+    --output="$T/jobs/%x-%j.out" "$ROOT/scripts/train.sh")
+  J=${J%%;*}
+  steps_done() { cat "$SCRATCH_ROOT/$J"/out/steps-*.txt 2>/dev/null | wc -l; }
+  # Importing torch alone can take a minute on a loaded machine.
+  for _ in $(seq 3000); do [ "$(steps_done)" -ge 11 ] && break; sleep 0.1; done
+  check "requeue job trains (step $(steps_done) of 24 before the warning)" [ "$(steps_done)" -ge 11 ]
+  scancel --signal=USR1 --batch "$J"
+  for _ in $(seq 240); do [ "$(job_field "$J" Restarts)" -ge 1 ] 2>/dev/null && break; sleep 0.5; done
+  check "the warned job was requeued (restarts: $(job_field "$J" Restarts))" \
+    [ "$(job_field "$J" Restarts)" -ge 1 ]
+  check "requeued job completed" [ "$(wait_done "$J" 300)" = COMPLETED ]
+  LOG="$T/jobs/train-$J.out"
+  check "the warning checkpoint was mid-epoch and synced home before the requeue" \
+    grep -qE "resumed from $RUNS/$J/ckpt-[0-9]+\.pt: step [0-9]+, epoch [0-9]+, mid-epoch" "$LOG"
+  check "checkpoints are on persistent storage" test -n "$(ls "$RUNS/$J"/ckpt-*.pt 2>/dev/null)"
+  check "final weights equal the uninterrupted run's" cmp -s "$T/ref/weights.sha256" "$RUNS/$J/weights.sha256"
+  # Steps run twice (after the last checkpoint before the stop) must agree; then every step's
+  # samples equal the reference's.
+  sort -u "$RUNS/$J"/steps-*.txt | sort -k1,1n >"$T/steps-requeued.txt"
+  check "each step's samples (checksums of 24 steps) equal the uninterrupted run's" \
+    cmp -s <(sort -k1,1n "$T/ref"/steps-*.txt) "$T/steps-requeued.txt"
+  grep -E "^(train:|resumed|checkpoint|SIGUSR1|stagefs run: SIGUSR1)" "$LOG" | sed 's/^/    /'
+fi
 
 echo "$PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

@@ -12,7 +12,9 @@
 //! rows, batch by batch and epoch by epoch (shuffled per epoch, split across data-parallel
 //! ranks as PyTorch's `DistributedSampler` does), each batch owning its ring slot until the
 //! consumer drops it; the Python package `stagefs` (`gpu/python`) hands those batches to
-//! PyTorch and numpy through DLPack.
+//! PyTorch and numpy through DLPack. Its readers can also augment image rows ([`augment`]:
+//! random resized crop, flip, normalisation, drawn from seed, epoch and sample), and an epoch can
+//! start part-way ([`epoch_order_from`]), which is how a run resumes mid-epoch.
 //!
 //! The device is a trait: `CudaDevice` (feature `cuda`; libcuda is loaded at run time, so the
 //! crate builds and runs without CUDA), [`CpuDevice`] (batches stay in host memory: what a CPU
@@ -49,6 +51,7 @@
 //! # }
 //! ```
 
+pub mod augment;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -61,13 +64,14 @@ mod source;
 mod stats;
 mod streamer;
 
+pub use augment::{Crop, CropBox, Geometry, OutType, Transform};
 pub use cpu::{AlignedBuffer, CpuBuffer, CpuDevice};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceBuffer as CudaDeviceBuffer, PinnedBuffer};
 pub use device::{Device, StreamKind};
 pub use error::{DeviceError, StreamError};
 pub use host::{HostBuffer, HostDevice, HostDeviceBuffer, HostEvent};
-pub use loader::{epoch_order, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
+pub use loader::{epoch_order, epoch_order_from, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
 pub use source::{ReadAt, Source};
 pub use stats::Stats;
 pub use streamer::{Batch, BatchMeta, StreamConfig, Streamer, Verification, MAX_BATCH_BYTES};

@@ -12,6 +12,11 @@
 //! as [`LoadedBatch`]es, which own their slot (through an `Arc` of the ring, so a batch may
 //! outlive its epoch and the loader) and give it back when dropped.
 //!
+//! [`Loader::epoch_from`] starts an epoch part-way, after `start` positions of its permutation
+//! ([`epoch_order_from`]): a resumed run, possibly under another world size. With a
+//! [`Transform`] in the config the readers turn each row of the first source into its
+//! augmented, converted row ([`crate::augment`]); the slot is sized for the output rows.
+//!
 //! Memory is K slots whatever the dataset size. A consumer that keeps every slot and asks for
 //! more gets [`StreamError::RingHeld`] instead of a hang. Dropping an [`Epoch`] early (a
 //! `break` out of the training loop) cancels its readers and returns the slots it held.
@@ -32,6 +37,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use stagefs_npy::DType;
 
+use crate::augment::{Geometry, Scratch, Table, Transform};
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
 use crate::plan::shuffle;
@@ -98,6 +104,8 @@ pub struct LoaderConfig {
     pub ring: usize,
     /// Reader threads (clamped to `ring`).
     pub readers: usize,
+    /// Augmentation of the first source's image rows, done by the readers.
+    pub transform: Option<Transform>,
 }
 
 impl Default for LoaderConfig {
@@ -113,6 +121,7 @@ impl Default for LoaderConfig {
             world_size: 1,
             ring: 4,
             readers: 2,
+            transform: None,
         }
     }
 }
@@ -132,7 +141,32 @@ pub fn epoch_order(
     rank: u64,
     world_size: u64,
 ) -> Vec<u64> {
-    if rows == 0 || world_size == 0 || rank >= world_size {
+    epoch_order_from(rows, shuffle_rows, seed, epoch, 0, rank, world_size)
+}
+
+/// The rows `rank` visits in the rest of `epoch` once its first `start` positions of the
+/// epoch's permutation were consumed (by all ranks together, under any world size).
+///
+/// The epoch's permutation `P` (as in [`epoch_order`]) is consumed globally in order: with
+/// `world_size` ranks each past `k` batches of `B`, the first `k·B·world_size` positions of the
+/// padded list are done, so a run is described by one number, `start`. The rest, `P[start..]`,
+/// is padded by repeating `P[0..]` (rows already seen this epoch) to a multiple of the (possibly
+/// new) `world_size` and split as `DistributedSampler` splits. With `start = 0` this is
+/// [`epoch_order`]; with an unchanged world size and batch size it continues exactly the
+/// uninterrupted sequence (position `k·B + i` of the old split is position `i` of the new);
+/// with another world size each row of `P[start..]` is visited exactly once across the ranks,
+/// and the padding (fewer than `world_size` rows) repeats `P[0..]`, rows already seen this epoch
+/// once `start >= world_size`.
+pub fn epoch_order_from(
+    rows: u64,
+    shuffle_rows: bool,
+    seed: u64,
+    epoch: u64,
+    start: u64,
+    rank: u64,
+    world_size: u64,
+) -> Vec<u64> {
+    if rows == 0 || world_size == 0 || rank >= world_size || start >= rows {
         return Vec::new();
     }
     let mut all: Vec<u64> = (0..rows).collect();
@@ -140,9 +174,9 @@ pub fn epoch_order(
         // The same mixing of seed and epoch as the streamer's batch shuffle.
         shuffle(&mut all, seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
     }
-    let per_rank = rows.div_ceil(world_size);
+    let per_rank = (rows - start).div_ceil(world_size);
     (0..per_rank)
-        .map(|i| all[((i * world_size + rank) % rows) as usize])
+        .map(|i| all[((start + i * world_size + rank) % rows) as usize])
         .collect()
 }
 
@@ -161,6 +195,13 @@ pub struct Part {
     pub shape: Vec<u64>,
 }
 
+/// One source's row as it lands in a slot.
+struct OutRow {
+    bytes: u64,
+    dtype: Option<DType>,
+    shape: Vec<u64>,
+}
+
 /// One slot of the ring: a host buffer, its device twin, and the two events ordering them.
 struct Slot<D: Device> {
     host: Mutex<D::HostBuffer>,
@@ -177,6 +218,11 @@ struct Ring<D: Device> {
     sources: Vec<Source>,
     /// Offset of each source's part in a slot.
     offsets: Vec<usize>,
+    /// Each source's part as handed out: bytes, dtype and shape of one row (after the
+    /// transform, for the first source).
+    out_rows: Vec<OutRow>,
+    /// The first source's transform, the geometry of its rows and its conversion table.
+    transform: Option<(Transform, Geometry, Table)>,
     /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
     resident: Vec<Option<Vec<u8>>>,
     slots: Vec<Slot<D>>,
@@ -258,6 +304,33 @@ impl<D: Device> Loader<D> {
                 "the ring needs at least 1 slot (2 or more to read ahead)".into(),
             ));
         }
+        let mut out_rows: Vec<OutRow> = sources
+            .iter()
+            .map(|s| OutRow {
+                bytes: s.row_bytes,
+                dtype: s.dtype,
+                shape: s.row_shape.clone(),
+            })
+            .collect();
+        let transform = match &config.transform {
+            None => None,
+            Some(t) => {
+                let geom = t
+                    .check(&first.row_shape, first.dtype)
+                    .map_err(|e| match e {
+                        StreamError::Config(m) => {
+                            StreamError::Config(format!("{}: {m}", first.path.display()))
+                        }
+                        e => e,
+                    })?;
+                out_rows[0] = OutRow {
+                    bytes: t.out_row_bytes(geom),
+                    dtype: Some(t.out_dtype()),
+                    shape: t.out_shape(geom),
+                };
+                Some((t.clone(), geom, t.table(geom.channels)))
+            }
+        };
         // A batch never has more rows than a rank's share (no slot larger than the data).
         let batch_rows = config
             .batch_size
@@ -265,10 +338,10 @@ impl<D: Device> Loader<D> {
             .max(1);
         let mut offsets = Vec::with_capacity(sources.len());
         let mut end = 0u64;
-        for s in &sources {
+        for s in &out_rows {
             let start = end.checked_next_multiple_of(PART_ALIGN);
             let stop = batch_rows
-                .checked_mul(s.row_bytes)
+                .checked_mul(s.bytes)
                 .and_then(|b| b.checked_add(start?));
             match (start, stop) {
                 (Some(start), Some(stop)) if stop <= MAX_BATCH_BYTES => {
@@ -309,6 +382,8 @@ impl<D: Device> Loader<D> {
                 device,
                 sources,
                 offsets,
+                out_rows,
+                transform,
                 resident,
                 slots,
                 free_tx,
@@ -338,7 +413,16 @@ impl<D: Device> Loader<D> {
 
     /// Batches per epoch.
     pub fn batches_per_epoch(&self) -> u64 {
-        let rows = self.rows_per_rank();
+        self.batches_from(0)
+    }
+
+    /// Batches of the rest of an epoch after `start` positions of its permutation were
+    /// consumed ([`epoch_order_from`]).
+    pub fn batches_from(&self, start: u64) -> u64 {
+        let rows = self
+            .rows
+            .saturating_sub(start)
+            .div_ceil(self.config.world_size);
         if self.config.drop_last {
             rows / self.config.batch_size
         } else {
@@ -368,8 +452,21 @@ impl<D: Device> Loader<D> {
 
     /// The rows this rank visits in `epoch`, in order ([`epoch_order`]).
     pub fn order(&self, epoch: u64) -> Vec<u64> {
+        self.order_from(epoch, 0)
+    }
+
+    /// The rows this rank visits in the rest of `epoch` from `start` ([`epoch_order_from`]).
+    pub fn order_from(&self, epoch: u64, start: u64) -> Vec<u64> {
         let c = &self.config;
-        epoch_order(self.rows, c.shuffle, c.seed, epoch, c.rank, c.world_size)
+        epoch_order_from(
+            self.rows,
+            c.shuffle,
+            c.seed,
+            epoch,
+            start,
+            c.rank,
+            c.world_size,
+        )
     }
 
     /// Counters over all epochs so far; `elapsed` is the time spent inside epochs.
@@ -389,6 +486,12 @@ impl<D: Device> Loader<D> {
     /// Starts epoch `epoch`: reading begins at once. Only one epoch runs at a time; drop the
     /// previous one first.
     pub fn epoch(&self, epoch: u64) -> Result<Epoch<D>, StreamError> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// Starts the rest of epoch `epoch` after `start` positions of its permutation were
+    /// consumed by all ranks together (a resumed epoch, [`epoch_order_from`]).
+    pub fn epoch_from(&self, epoch: u64, start: u64) -> Result<Epoch<D>, StreamError> {
         if self.ring.running.swap(true, Ordering::AcqRel) {
             return Err(StreamError::Config(
                 "another epoch of this loader is still running; finish or drop it first".into(),
@@ -399,9 +502,10 @@ impl<D: Device> Loader<D> {
             .epoch_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        let order: Arc<[u64]> = self.order(epoch).into();
+        let order: Arc<[u64]> = self.order_from(epoch, start).into();
         let batch_size = self.config.batch_size;
-        let batches = self.batches_per_epoch();
+        let batches = self.batches_from(start);
+        let seed = self.config.seed;
         let cancel = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (job_tx, job_rx) = bounded::<Job>(self.config.ring);
@@ -440,7 +544,15 @@ impl<D: Device> Loader<D> {
             epoch_state.threads.push(
                 std::thread::Builder::new()
                     .name(format!("stagefs-load-read-{i}"))
-                    .spawn(move || read_loop(&ring, &order, batch_size, &cancel, &job_rx, &msg_tx))
+                    .spawn(move || {
+                        let plan = ReadPlan {
+                            order: &order,
+                            batch_size,
+                            seed,
+                            epoch,
+                        };
+                        read_loop(&ring, &plan, &cancel, &job_rx, &msg_tx)
+                    })
                     .map_err(spawn_err)?,
             );
         }
@@ -552,19 +664,19 @@ impl<D: Device> Epoch<D> {
         let rows = (end - start) as u64;
         let ring = &self.ring;
         let parts = ring
-            .sources
+            .out_rows
             .iter()
             .enumerate()
             .map(|(i, s)| {
                 let mut shape = vec![rows];
                 if s.dtype.is_some() {
-                    shape.extend_from_slice(&s.row_shape);
+                    shape.extend_from_slice(&s.shape);
                 }
                 Part {
                     source: i,
                     offset: ring.offsets[i],
                     // Fits: at most the slot's bytes for this source.
-                    len: (rows * s.row_bytes) as usize,
+                    len: (rows * s.bytes) as usize,
                     dtype: s.dtype,
                     shape,
                 }
@@ -650,14 +762,22 @@ fn dispatch<D: Device>(
     }
 }
 
+/// What the readers of one epoch need to know to fill any of its batches.
+struct ReadPlan<'a> {
+    order: &'a [u64],
+    batch_size: u64,
+    seed: u64,
+    epoch: u64,
+}
+
 fn read_loop<D: Device>(
     ring: &Ring<D>,
-    order: &[u64],
-    batch_size: u64,
+    plan: &ReadPlan<'_>,
     cancel: &AtomicBool,
     job_rx: &Receiver<Job>,
     msg_tx: &Sender<Msg>,
 ) {
+    let mut scratch = Scratch::new();
     loop {
         // A reader without a job waits for the consumer to give a slot back.
         let waited = Instant::now();
@@ -668,7 +788,7 @@ fn read_loop<D: Device>(
             ring.release(job.slot);
             continue;
         }
-        match fill(ring, order, batch_size, &job) {
+        match fill(ring, plan, &job, &mut scratch) {
             Ok(()) => {
                 let ready = Msg::Ready {
                     seq: job.seq,
@@ -690,13 +810,13 @@ fn read_loop<D: Device>(
 /// Reads one batch of every source into its slot's host buffer and enqueues the device copy.
 fn fill<D: Device>(
     ring: &Ring<D>,
-    order: &[u64],
-    batch_size: u64,
+    plan: &ReadPlan<'_>,
     job: &Job,
+    scratch: &mut Scratch,
 ) -> Result<(), StreamError> {
     let slot = &ring.slots[job.slot];
-    let (start, end) = batch_range(job.seq, batch_size, order.len());
-    let rows = &order[start..end];
+    let (start, end) = batch_range(job.seq, plan.batch_size, plan.order.len());
+    let rows = &plan.order[start..end];
     let device = &ring.device;
     // The host buffer may still be the source of this slot's previous copy.
     let waited = Instant::now();
@@ -707,10 +827,45 @@ fn fill<D: Device>(
     let buf = host.as_mut();
     let mut used = 0;
     let read = Instant::now();
-    for ((source, &offset), resident) in ring.sources.iter().zip(&ring.offsets).zip(&ring.resident)
+    for (i, ((source, &offset), resident)) in ring
+        .sources
+        .iter()
+        .zip(&ring.offsets)
+        .zip(&ring.resident)
+        .enumerate()
     {
         // Fits: the slot was sized for a full batch of every source.
         let row_bytes = source.row_bytes as usize;
+        if let (0, Some((transform, geom, table))) = (i, &ring.transform) {
+            let out_bytes = ring.out_rows[0].bytes as usize;
+            // The raw row is read into a buffer of the reader's own, kept across batches (a
+            // row's size was checked against the file when the source was opened).
+            let mut raw_buf = std::mem::take(&mut scratch.raw);
+            if resident.is_none() && raw_buf.len() < row_bytes {
+                raw_buf
+                    .try_reserve_exact(row_bytes - raw_buf.len())
+                    .map_err(|e| StreamError::Config(format!("cannot hold one row: {e}")))?;
+                raw_buf.resize(row_bytes, 0);
+            }
+            for (k, &row) in rows.iter().enumerate() {
+                let raw: &[u8] = if let Some(data) = &resident {
+                    // Inside: the row is one of the source's.
+                    &data[row as usize * row_bytes..(row as usize + 1) * row_bytes]
+                } else {
+                    if let Err(e) = source.read_rows(&mut raw_buf[..row_bytes], row) {
+                        add_since(&ring.counters.storage_ns, read);
+                        return Err(e);
+                    }
+                    &raw_buf[..row_bytes]
+                };
+                let window = transform.crop_box(plan.seed, plan.epoch, row, *geom);
+                let dst = &mut buf[offset + k * out_bytes..offset + (k + 1) * out_bytes];
+                transform.apply(raw, *geom, &window, scratch, table, dst)?;
+            }
+            scratch.raw = raw_buf;
+            used = offset + rows.len() * out_bytes;
+            continue;
+        }
         let mut k = 0;
         while k < rows.len() {
             // One read per run of consecutive rows: a whole batch when not shuffled.
@@ -863,6 +1018,42 @@ mod tests {
         assert_eq!(epoch_order(10, false, 0, 0, 2, 3), [2, 5, 8, 1]);
         // Fewer rows than ranks: padding wraps around more than once.
         assert_eq!(epoch_order(2, false, 0, 0, 4, 5), [0]);
+    }
+
+    #[test]
+    fn resumed_order_continues_the_same_split_and_covers_the_rest_once_under_a_new_one() {
+        for (rows, w, b) in [(103u64, 4u64, 5u64), (10, 3, 1), (10, 4, 2), (7, 2, 3)] {
+            for k in 0..=rows.div_ceil(w).div_ceil(b) {
+                let start = (k * b * w).min(rows);
+                for rank in 0..w {
+                    let full = epoch_order(rows, true, 3, 1, rank, w);
+                    let skip = ((k * b) as usize).min(full.len());
+                    assert_eq!(
+                        epoch_order_from(rows, true, 3, 1, start, rank, w),
+                        full[skip..],
+                        "rows {rows} world {w} batch {b} after {k}"
+                    );
+                }
+                let seen: std::collections::BTreeSet<u64> = (0..w)
+                    .flat_map(|r| {
+                        epoch_order(rows, true, 3, 1, r, w)
+                            .into_iter()
+                            .take((k * b) as usize)
+                    })
+                    .collect();
+                // The padding (at most w2 - 1 rows) repeats the epoch's first rows, which were
+                // seen once `start` reaches w2: then every unseen row comes exactly once.
+                for w2 in [1, 2, 3, 5].into_iter().filter(|&w2| start >= w2) {
+                    let mut rest: Vec<u64> = (0..w2)
+                        .flat_map(|r| epoch_order_from(rows, true, 3, 1, start, r, w2))
+                        .filter(|row| !seen.contains(row))
+                        .collect();
+                    rest.sort_unstable();
+                    let want: Vec<u64> = (0..rows).filter(|r| !seen.contains(r)).collect();
+                    assert_eq!(rest, want, "rows {rows} {w}->{w2} after {k}");
+                }
+            }
+        }
     }
 
     #[test]

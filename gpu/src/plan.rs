@@ -68,10 +68,10 @@ pub fn plan(
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): a tiny generator with a fixed, documented output.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -80,8 +80,13 @@ impl SplitMix64 {
     }
 
     /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-40 for any n we see).
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform in `[0, 1)`: the top 53 bits as a double.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 }
 

@@ -30,8 +30,8 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyStopIteration, PyValueError}
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use stagefs_gpu::{
-    CpuDevice, CudaDevice, DeviceError, Epoch, LoadedBatch, Loader, LoaderConfig, Source,
-    StreamError,
+    CpuDevice, Crop, CudaDevice, DeviceError, Epoch, Geometry, LoadedBatch, Loader, LoaderConfig,
+    OutType, Source, StreamError, Transform,
 };
 use stagefs_npy::DType;
 
@@ -107,8 +107,86 @@ impl Drop for HeldBatch {
     }
 }
 
+/// The transform that `stagefs.Loader` describes as a tuple: `(crop, size, scale, ratio, flip,
+/// mean, std, dtype, layout)`, crop one of `full`, `random_resized`, `center`.
+type TransformArgs = (
+    String,
+    u32,
+    (f64, f64),
+    (f64, f64),
+    bool,
+    Option<Vec<f64>>,
+    Option<Vec<f64>>,
+    String,
+    String,
+);
+
+fn transform_of(args: TransformArgs) -> PyResult<Transform> {
+    let (crop, size, scale, ratio, flip, mean, std, dtype, layout) = args;
+    let crop = match crop.as_str() {
+        "full" => Crop::Full,
+        "random_resized" => Crop::RandomResized { size, scale, ratio },
+        "center" => Crop::Center { size },
+        other => return Err(PyValueError::new_err(format!("unknown crop {other:?}"))),
+    };
+    let dtype = match dtype.as_str() {
+        "uint8" => OutType::U8,
+        "float16" => OutType::F16,
+        "float32" => OutType::F32,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dtype {other:?}: use uint8, float16 or float32"
+            )))
+        }
+    };
+    let channels_first = match layout.as_str() {
+        "NHWC" => false,
+        "NCHW" => true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "layout {other:?}: use NHWC or NCHW"
+            )))
+        }
+    };
+    let normalize = match (mean, std) {
+        (Some(m), Some(s)) => Some((m, s)),
+        (None, None) => None,
+        _ => return Err(PyValueError::new_err("normalize needs both mean and std")),
+    };
+    Ok(Transform {
+        crop,
+        flip,
+        normalize,
+        dtype,
+        channels_first,
+    })
+}
+
+/// The crop window `(top, left, height, width, flip)` of sample `row` in `epoch` for images of
+/// `height × width`: what the readers use (for tests and for checking a pipeline).
+#[pyfunction]
+fn crop_box(
+    transform: TransformArgs,
+    seed: u64,
+    epoch: u64,
+    row: u64,
+    height: u32,
+    width: u32,
+) -> PyResult<(u32, u32, u32, u32, bool)> {
+    let t = transform_of(transform)?;
+    let g = Geometry {
+        height,
+        width,
+        channels: 3,
+    };
+    t.check(&[u64::from(height), u64::from(width), 3], Some(DType::U8))
+        .map_err(py_err)?;
+    let b = t.crop_box(seed, epoch, row, g);
+    Ok((b.top, b.left, b.height, b.width, b.flip))
+}
+
 /// `stagefs._native.Loader(paths, batch_size, shuffle, seed, drop_last, device, rank,
-/// world_size, ring, readers, pin_memory)`: see `stagefs.Loader`.
+/// world_size, ring, readers, pin_memory, transform)`: see `stagefs.Loader`.
 #[pyclass(module = "stagefs._native", name = "Loader", frozen)]
 struct PyLoader {
     loader: AnyLoader,
@@ -119,7 +197,7 @@ struct PyLoader {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory))]
+    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -134,8 +212,11 @@ impl PyLoader {
         ring: usize,
         readers: usize,
         pin_memory: Option<bool>,
+        transform: Option<TransformArgs>,
     ) -> PyResult<Self> {
+        let transform = transform.map(transform_of).transpose()?;
         let config = LoaderConfig {
+            transform,
             batch_size,
             shuffle,
             seed,
@@ -182,8 +263,10 @@ impl PyLoader {
         })
     }
 
-    /// Starts epoch `epoch` (closing the previous one, if it still runs).
-    fn epoch(slf: &Bound<'_, Self>, epoch: u64) -> PyResult<Py<PyEpoch>> {
+    /// Starts epoch `epoch` after `start` positions of its permutation were consumed by all
+    /// ranks (0: the whole epoch), closing the previous one if it still runs.
+    #[pyo3(signature = (epoch, start=0))]
+    fn epoch(slf: &Bound<'_, Self>, epoch: u64, start: u64) -> PyResult<Py<PyEpoch>> {
         let py = slf.py();
         let this = slf.get();
         let mut current = this.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -192,8 +275,8 @@ impl PyLoader {
         }
         let started = py
             .detach(|| match &this.loader {
-                AnyLoader::Cpu(l) => l.epoch(epoch).map(AnyEpoch::Cpu),
-                AnyLoader::Cuda(l) => l.epoch(epoch).map(AnyEpoch::Cuda),
+                AnyLoader::Cpu(l) => l.epoch_from(epoch, start).map(AnyEpoch::Cpu),
+                AnyLoader::Cuda(l) => l.epoch_from(epoch, start).map(AnyEpoch::Cuda),
             })
             .map_err(py_err)?;
         let epoch = Py::new(
@@ -263,11 +346,20 @@ impl PyLoader {
         }
     }
 
-    /// The rows this rank visits in `epoch`, in order.
-    fn order(&self, epoch: u64) -> Vec<u64> {
+    /// The rows this rank visits in `epoch` from position `start` of its permutation, in order.
+    #[pyo3(signature = (epoch, start=0))]
+    fn order(&self, epoch: u64, start: u64) -> Vec<u64> {
         match &self.loader {
-            AnyLoader::Cpu(l) => l.order(epoch),
-            AnyLoader::Cuda(l) => l.order(epoch),
+            AnyLoader::Cpu(l) => l.order_from(epoch, start),
+            AnyLoader::Cuda(l) => l.order_from(epoch, start),
+        }
+    }
+
+    /// Batches of epoch's rest from position `start` of its permutation.
+    fn batches_from(&self, start: u64) -> u64 {
+        match &self.loader {
+            AnyLoader::Cpu(l) => l.batches_from(start),
+            AnyLoader::Cuda(l) => l.batches_from(start),
         }
     }
 
@@ -546,5 +638,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyTensor>()?;
+    m.add_function(wrap_pyfunction!(crop_box, m)?)?;
     Ok(())
 }

@@ -9,7 +9,9 @@ pub mod budget;
 pub mod decode;
 pub mod jpeg;
 pub mod png;
-pub mod resample;
+/// Pillow's filter, in its own crate so the loader's augmentation (stagefs-gpu) shares it
+/// without depending on this crate's arrow/parquet.
+pub use stagefs_resample as resample;
 mod view;
 
 pub use budget::DecodeBudget;

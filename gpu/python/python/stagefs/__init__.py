@@ -13,6 +13,21 @@ tensors, one per file, without a copy (DLPack)::
         for images, labels in loader:      # torch tensors on cuda:0, rows aligned
             ...
 
+Augmentation runs in the Rust reader threads, deterministically (drawn from seed, epoch and
+sample index), and the loader's position can be saved and restored mid-epoch, also under another
+world size::
+
+    loader = stagefs.Loader([f"{d}/images.npy", f"{d}/labels.npy"], 256, shuffle=True,
+                            transform=stagefs.RandomResizedCrop(224, flip=True),
+                            normalize=(stagefs.IMAGENET_MEAN, stagefs.IMAGENET_STD),
+                            dtype="float16", layout="NCHW")
+    loader.load_state_dict(checkpoint["loader"])      # on restart
+    for epoch in range(loader.epoch, epochs):
+        loader.set_epoch(epoch)                       # keeps the restored position
+        for images, labels in loader:
+            ...
+            checkpoint = {"loader": loader.state_dict(), ...}   # beside model and optimizer
+
 A batch's memory is one ring slot; it goes back to the readers when the last tensor made from
 it is released, so memory stays at ``ring`` batches (on the host, and on the GPU as well). A
 tensor kept longer (``kept.append(images)``) keeps its slot: keep ``images.clone()`` instead.
@@ -21,13 +36,105 @@ tensor kept longer (``kept.append(images)``) keeps its slot: keep ``images.clone
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Iterator, Sequence
 
 from . import _native
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "RandomResizedCrop", "CenterCrop", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 _TENSOR_KINDS = ("torch", "numpy", "dlpack")
+_DTYPES = ("uint8", "float16", "float32")
+_LAYOUTS = ("NHWC", "NCHW")
+#: The ImageNet statistics torchvision's recipes normalise with (0..1 scale, RGB).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+#: See ``IMAGENET_MEAN``.
+IMAGENET_STD = (0.229, 0.224, 0.225)
+#: Version of ``Loader.state_dict``'s layout.
+_STATE_VERSION = 1
+#: Bytes at each end of a file that its fingerprint checksums: the header and the first and last
+#: rows, enough to tell datasets apart without reading them (a view renders only those rows).
+_FINGERPRINT_BYTES = 64 << 10
+
+
+class RandomResizedCrop:
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (+ ``RandomHorizontalFlip`` with
+    ``flip=True``), applied by the loader's reader threads to each uint8 ``[H, W, C]`` row of the
+    first file, resized with the image views' antialiased filter (Pillow's BILINEAR).
+
+    The window and flip of a sample are drawn from (seed, epoch, sample index): the same on
+    resume, with any number of readers, on any machine (``crop_box`` shows them).
+    """
+
+    _kind = "random_resized"
+
+    def __init__(self, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: bool = False):
+        self.size = int(size)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip = bool(flip)
+
+    def _args(self, normalize=None, dtype="uint8", layout="NHWC") -> tuple:
+        mean, std = (None, None) if normalize is None else (
+            [float(m) for m in normalize[0]], [float(s) for s in normalize[1]])
+        return (self._kind, self.size, self.scale, self.ratio, self.flip, mean, std, dtype, layout)
+
+    def crop_box(self, seed: int, epoch: int, row: int, height: int, width: int) -> tuple:
+        """``(top, left, height, width, flip)`` of sample ``row`` in ``epoch`` for images of
+        ``height × width``: the window the readers resize (to ``size × size``), then mirror."""
+        return _native.crop_box(self._args(), int(seed), int(epoch), int(row), int(height), int(width))
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self._args() == other._args()
+
+    def __repr__(self) -> str:
+        return (f"stagefs.RandomResizedCrop({self.size}, scale={self.scale}, "
+                f"ratio={self.ratio}, flip={self.flip})")
+
+
+class CenterCrop(RandomResizedCrop):
+    """torchvision's ``CenterCrop(size)`` (evaluation): the centred ``size × size`` window of
+    each image row, no resize; render the view larger (``--image-size 256``) to crop 224."""
+
+    _kind = "center"
+
+    def __init__(self, size: int):
+        super().__init__(size)
+
+    def __repr__(self) -> str:
+        return f"stagefs.CenterCrop({self.size})"
+
+
+class _Full(RandomResizedCrop):
+    """The whole image (only normalize / dtype / layout apply)."""
+
+    _kind = "full"
+
+    def __init__(self):
+        super().__init__(1)
+
+
+def _dtype_name(dtype) -> str:
+    # Accepts "float16", numpy.float16, numpy.dtype("float16") and torch.float16.
+    name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
+    name = {"half": "float16", "float": "float32"}.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use one of {', '.join(_DTYPES)}")
+    return name
+
+
+def _fingerprint(path: str) -> dict:
+    """A file's identity for ``load_state_dict``: its size and a CRC-32 of its first and last
+    ``_FINGERPRINT_BYTES`` (the ``.npy`` header and the first and last rows). Not its mtime or
+    path: a checkpoint resumed on another node sees the same dataset through another mount, and
+    a view's mtime is that of its render."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        crc = zlib.crc32(f.read(_FINGERPRINT_BYTES))
+        if size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
+            crc = zlib.crc32(f.read(_FINGERPRINT_BYTES), crc)
+    return {"name": os.path.basename(path), "size": size, "crc32": crc}
 
 
 class Loader:
@@ -54,6 +161,17 @@ class Loader:
             DLPack producers, for any framework's ``from_dlpack``).
         pin_memory: on ``device="cpu"``, page-lock the ring so ``tensor.cuda(non_blocking=True)``
             is a true asynchronous copy; ``None`` pins when a CUDA driver is present.
+        transform: ``RandomResizedCrop`` or ``CenterCrop``, applied to each row of the first
+            file (uint8 ``[H, W]`` or ``[H, W, 1|3]`` images) by the reader threads.
+        normalize: ``(mean, std)`` per channel on the 0..1 scale (``IMAGENET_MEAN``,
+            ``IMAGENET_STD``): the first file's rows become ``(x / 255 - mean) / std``.
+        dtype: of the first file's batches: ``uint8`` (default without ``normalize``),
+            ``float32`` (default with it) or ``float16``; floats without ``normalize`` are
+            ``x / 255``.
+        layout: ``"NHWC"`` (the view's, default) or ``"NCHW"`` (what convolutions take).
+
+    The position can be saved with ``state_dict()`` and restored with ``load_state_dict()``
+    (mid-epoch, also under another ``world_size``); ``epoch`` is the next epoch to iterate.
 
     Iterating gives one epoch. Without ``set_epoch`` each iteration advances the epoch by one
     (a fresh shuffle each time); ``set_epoch(e)`` sets the next iteration's epoch, as with
@@ -75,6 +193,10 @@ class Loader:
         readers: int = 2,
         tensors: str = "torch",
         pin_memory: bool | None = None,
+        transform: RandomResizedCrop | None = None,
+        normalize: tuple | None = None,
+        dtype=None,
+        layout: str = "NHWC",
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -90,33 +212,140 @@ class Loader:
             raise ValueError(f"rank {rank} is not in 0..world_size ({world_size})")
         if int(seed) < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
+        if transform is not None and not isinstance(transform, RandomResizedCrop):
+            raise TypeError(f"transform={transform!r}: use stagefs.RandomResizedCrop or CenterCrop")
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout={layout!r}: use one of {', '.join(_LAYOUTS)}")
+        if normalize is not None and len(normalize) != 2:
+            raise ValueError("normalize=(mean, std): two sequences of 1 or C values")
+        dtype = _dtype_name(dtype) if dtype is not None else (
+            "float32" if normalize is not None else "uint8")
+        native_transform = None
+        if transform is not None or normalize is not None or dtype != "uint8" or layout != "NHWC":
+            native_transform = (transform or _Full())._args(normalize, dtype, layout)
         self._convert = _converter(tensors)
         self.paths = [os.fspath(p) for p in paths]
         self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.transform = transform
         self._epoch = 0
+        # Positions of the next epoch's permutation already consumed (by a restored run).
+        self._start = 0
+        self._current: _EpochIterator | None = None
+        self._fingerprints: list | None = None
         self._native = _native.Loader(
-            self.paths, self.batch_size, bool(shuffle), int(seed), bool(drop_last), device,
-            int(rank), int(world_size), int(ring), int(readers), pin_memory,
+            self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
+            self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
         )
 
     def __iter__(self) -> Iterator[tuple]:
-        epoch = self._native.epoch(self._epoch)
-        self._epoch += 1
-        return _EpochIterator(epoch, self._convert)
+        epoch, start = self._epoch, self._start
+        native = self._native.epoch(epoch, start)
+        self._epoch, self._start = epoch + 1, 0
+        self._current = _EpochIterator(
+            native, self._convert, epoch, start, self._native.batches_from(start))
+        return self._current
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs (after ``load_state_dict``: the restored one)."""
+        return self._epoch
+
+    def state_dict(self) -> dict:
+        """The loader's position as a small picklable dict (store it beside the model with
+        ``torch.save``): seed, epoch, how far into the epoch's permutation all ranks together
+        got, the settings it was cut with, and the files' fingerprints.
+
+        Taken after the training step on batch k, it resumes with batch k + 1. With several
+        ranks it assumes they step in lockstep (DDP does): any rank's state is the state.
+        """
+        it = self._current
+        if it is not None and not it.finished and it.delivered < it.total:
+            epoch = it.epoch
+            start = min(self.rows, it.start + it.delivered * self.batch_size * self.world_size)
+        else:
+            epoch, start = self._epoch, self._start
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            # Samples of the epoch's permutation consumed by all ranks together (0: none yet).
+            "start": start,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "rows": self.rows,
+            "transform": repr(self.transform),
+            "files": self.fingerprints(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues from ``state`` (``state_dict()`` of this or an earlier run): the next
+        iteration is the rest of the saved epoch, exactly the batches the uninterrupted run
+        would have delivered next. Under another ``world_size`` (or ``batch_size``) the rest of
+        that epoch is split anew: every sample not yet seen in it comes exactly once across the
+        ranks, and later epochs are those of the new split.
+
+        Raises ``ValueError`` for a state of other files (size or checksum differ), another
+        seed or shuffle, or an unknown version.
+        """
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"not a stagefs.Loader state of version {_STATE_VERSION}: "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__!r}")
+        mine, theirs = self.fingerprints(), state.get("files")
+        if not isinstance(theirs, list) or len(theirs) != len(mine):
+            raise ValueError(
+                f"this state is for {len(theirs) if isinstance(theirs, list) else '?'} files, "
+                f"this loader reads {len(mine)}: {self.paths}")
+        for path, a, b in zip(self.paths, mine, theirs):
+            if (a["size"], a["crc32"]) != (b.get("size"), b.get("crc32")):
+                raise ValueError(
+                    f"this state is for other files: {path} has {a['size']} bytes, checksum "
+                    f"{a['crc32']:08x}, but the state's {b.get('name')} had {b.get('size')} bytes, "
+                    f"checksum {b.get('crc32', 0):08x}; resume with the dataset it was saved with")
+        for key in ("seed", "shuffle"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(
+                    f"this state was saved with {key}={state.get(key)!r}, this loader has "
+                    f"{key}={getattr(self, key)!r}: the epoch's order would differ")
+        epoch, start = int(state["epoch"]), int(state["start"])
+        if epoch < 0 or not 0 <= start <= self.rows:
+            raise ValueError(f"state position out of range: epoch {epoch}, start {start}")
+        self.close()
+        self._current = None
+        self._epoch, self._start = epoch, start
+
+    def fingerprints(self) -> list:
+        """Each file's identity (name, size, CRC-32 of its ends), as ``state_dict`` stores it."""
+        if self._fingerprints is None:
+            self._fingerprints = [_fingerprint(p) for p in self.paths]
+        return self._fingerprints
 
     def __len__(self) -> int:
         """Batches per epoch."""
         return len(self._native)
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next iteration epoch ``epoch`` (its shuffle is drawn from seed and epoch)."""
+        """Makes the next iteration epoch ``epoch`` (its shuffle is drawn from seed and epoch).
+        A position restored by ``load_state_dict`` is kept when ``epoch`` is its epoch."""
         if int(epoch) < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
+        if int(epoch) != self._epoch:
+            self._start = 0
         self._epoch = int(epoch)
+        # An iteration left unfinished is abandoned: the position is now the next iteration's.
+        self._current = None
 
-    def order(self, epoch: int) -> list[int]:
-        """The rows this rank visits in ``epoch``, in order (batch i is ``order[i*B:(i+1)*B]``)."""
-        return self._native.order(int(epoch))
+    def order(self, epoch: int, start: int = 0) -> list[int]:
+        """The rows this rank visits in ``epoch``, in order (batch i is ``order[i*B:(i+1)*B]``);
+        with ``start``, the rest after ``start`` positions of the epoch's permutation."""
+        return self._native.order(int(epoch), int(start))
 
     def stats(self) -> dict:
         """Who waited on whom, over all epochs so far: the figures of ``stagefs stream --json``.
@@ -155,9 +384,12 @@ class Loader:
 class _EpochIterator:
     """One epoch: converts each native batch to the caller's tensor kind."""
 
-    def __init__(self, epoch, convert) -> None:
-        self._epoch = epoch
+    def __init__(self, native, convert, epoch: int, start: int, total: int) -> None:
+        self._native = native
         self._convert = convert
+        self.epoch, self.start, self.total = epoch, start, total
+        self.delivered = 0
+        self.finished = False
 
     def __iter__(self) -> "_EpochIterator":
         return self
@@ -165,10 +397,17 @@ class _EpochIterator:
     def __next__(self) -> tuple:
         # No reference to the native batch survives this call: the slot goes back as soon as
         # the caller drops the returned tensors.
-        return tuple(self._convert(part) for part in next(self._epoch))
+        try:
+            parts = next(self._native)
+        except StopIteration:
+            self.finished = True
+            raise
+        batch = tuple(self._convert(part) for part in parts)
+        self.delivered += 1
+        return batch
 
     def close(self) -> None:
-        self._epoch.close()
+        self._native.close()
 
 
 def _converter(kind: str):
