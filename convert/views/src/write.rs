@@ -66,7 +66,7 @@ pub fn plan(set: &ViewSet, levels: Levels) -> Result<Plan, ViewError> {
 fn walk(set: &ViewSet, rel: PathBuf, levels: Levels, plan: &mut Plan) -> Result<(), ViewError> {
     let entries = match set.read_dir(&rel) {
         Ok(e) => e,
-        Err(ViewError::Corrupt { path, reason }) => {
+        Err(ViewError::Corrupt { path, reason }) | Err(ViewError::Unsupported { path, reason }) => {
             plan.bad.push((path, reason));
             return Ok(());
         }

@@ -2,6 +2,13 @@
 //! arrow does with no record limit), a second decodes it in runs of [`BLOCK_ROWS`] records and
 //! keeps each run's byte range and the null counts. A block read then decodes just that byte
 //! range. Both passes happen once, lazily, when the table is first opened.
+//!
+//! Wide files: arrow's decoder reserves room for a whole batch (rows × columns field offsets
+//! and ~8 bytes per field) before it reads a byte, so a block holds at most
+//! [`MAX_BLOCK_FIELDS`] fields: [`block_rows`] narrows blocks as columns grow (10^5 columns
+//! give blocks of 10 rows, not 64 Ki rows and a 52 GB reservation). The header is counted
+//! (quote-aware, stopping at the limit) before anything is built per column, and a file of
+//! more than [`super::MAX_COLUMNS`] columns is refused with a message saying what to do.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -18,6 +25,17 @@ use crate::source::{ByteSource, SourceReader};
 /// Records per block: 64 Ki rows keep a block's decode around a millisecond per numeric column
 /// while the index stays tiny (16 bytes per block).
 pub const BLOCK_ROWS: usize = 1 << 16;
+
+/// Fields (rows × columns) one block may hold: the decoder's up-front reservation is about 16
+/// bytes per field (an offset and an estimated 8 bytes of text), so 2^20 fields bound it to
+/// 16 MiB whatever the width. Tables of up to 16 columns keep full [`BLOCK_ROWS`] blocks.
+pub const MAX_BLOCK_FIELDS: usize = 1 << 20;
+
+/// Records per block for a table of `columns` columns: [`BLOCK_ROWS`], narrowed so that a
+/// block holds at most [`MAX_BLOCK_FIELDS`] fields, and at least one record.
+pub fn block_rows(columns: usize) -> usize {
+    (MAX_BLOCK_FIELDS / columns.max(1)).clamp(1, BLOCK_ROWS)
+}
 
 /// Bytes read from the source at a time while indexing.
 const READ_BYTES: usize = 4 << 20;
@@ -78,7 +96,12 @@ impl CsvBlocks {
 impl BlockReader for CsvBlocks {
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         match catch_unwind(AssertUnwindSafe(|| self.read(b, cols))) {
-            Ok(r) => r.map_err(|e| format!("block {b} (rows of {}): {e}", BLOCK_ROWS)),
+            Ok(r) => r.map_err(|e| {
+                format!(
+                    "block {b} (blocks of {} rows): {e}",
+                    block_rows(self.schema.fields().len())
+                )
+            }),
             Err(_) => Err(format!("CSV decoder panicked on block {b}")),
         }
     }
@@ -139,9 +162,44 @@ pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewE
     }
 }
 
+/// Fields of the header line (the first record), counted quote-aware without building
+/// anything per field; stops once the count passes `limit`, so a hostile 64 MiB header costs
+/// one bounded scan. Returns the count (or `limit + 1`).
+fn header_fields(src: &dyn ByteSource, rel: &Path, limit: usize) -> Result<usize, ViewError> {
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut pos, mut fields, mut in_quotes) = (0u64, 1usize, false);
+    loop {
+        let n = src.read_at(rel, pos, &mut buf)?;
+        if n == 0 {
+            return Ok(fields);
+        }
+        for &b in &buf[..n] {
+            match b {
+                b'"' => in_quotes = !in_quotes,
+                b',' if !in_quotes => {
+                    fields += 1;
+                    if fields > limit {
+                        return Ok(fields);
+                    }
+                }
+                b'\n' if !in_quotes => return Ok(fields),
+                _ => {}
+            }
+        }
+        pos += n as u64;
+        if pos > MAX_RECORD_BYTES {
+            // The record guard below reports this with its own message.
+            return Ok(fields);
+        }
+    }
+}
+
 fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError> {
     let bad = |e: String| ViewError::corrupt(rel, e);
     let len = src.len(rel)?;
+    if header_fields(src.as_ref(), rel, super::MAX_COLUMNS)? > super::MAX_COLUMNS {
+        return Err(super::too_many_columns(rel, "header line"));
+    }
     let (schema, _) = Format::default()
         .with_header(true)
         .infer_schema(
@@ -178,7 +236,7 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
 
     let mut dec = ReaderBuilder::new(schema.clone())
         .with_header(false)
-        .with_batch_size(BLOCK_ROWS)
+        .with_batch_size(block_rows(schema.fields().len()))
         .build_decoder();
     let mut nulls = vec![0u64; schema.fields().len()];
     let mut ranges = Vec::new();
