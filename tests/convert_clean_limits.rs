@@ -104,3 +104,41 @@ fn clean_job_under_address_space_limit_exits_1_with_a_message() {
         "no limit made the job fail: the test proves nothing, lower the limits"
     );
 }
+
+#[test]
+fn clean_job_on_a_100mb_single_line_csv_stays_in_budget_and_ends() {
+    // A 100 MB one-line CSV (a header of 25 M names, repeated): renaming duplicates was
+    // quadratic and the schema cost ~100 bytes per column; the job was killed after 600 s at
+    // 1.8 GB. The header is now counted before anything is built per column.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let input = tmp.path().join("line.csv");
+    let mut text = String::with_capacity(100 << 20);
+    let mut i = 0u32;
+    while text.len() < 100_000_000 {
+        text.push_str(&(i % 1000).to_string());
+        text.push(',');
+        i += 1;
+    }
+    text.push('0');
+    std::fs::write(&input, text).expect("write");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("convert")
+        .arg(&input)
+        .arg(tmp.path().join("out"))
+        .args(["--to", "parquet", "-q", "--memory-budget", "1G"]);
+    let (status, stderr) = run_with_timeout(cmd, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(1), "{status}: {stderr}");
+    assert!(stderr.contains("line.csv"), "{stderr}");
+    assert!(stderr.contains("columns"), "{stderr}");
+    assert!(stderr.contains("--memory-budget"), "{stderr}");
+    // SAFETY: getrusage fills the struct we own.
+    let peak = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru.ru_maxrss as u64 * 1024
+    };
+    assert!(
+        peak < 1 << 30,
+        "a child peaked at {peak} bytes (budget 1 GiB)"
+    );
+}
