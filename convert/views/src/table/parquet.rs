@@ -49,6 +49,12 @@ use crate::source::ByteSource;
 /// refuses the 11 KB file claiming 10^12 rows (an 8 TB allocation once).
 pub const MAX_ROWS_PER_FILE_BYTE: u64 = 1 << 16;
 
+/// Values (rows × projected columns) one decoded batch may hold: the decoder reserves a
+/// batch's buffers before the pages say how many rows there really are, so a footer claiming
+/// 1 Mi rows in a file of 10^4 columns must not turn a `features.npy` read into an 80 GB
+/// reservation. 2^22 values (32 MiB of float64) keep narrow tables at full [`BATCH_ROWS`].
+pub const MAX_BATCH_VALUES: usize = 1 << 22;
+
 /// Largest footer accepted (bytes). A footer is the file's metadata: ~100-200 bytes per
 /// column chunk (row groups × columns), parsed into about ten times that. 64 MiB takes
 /// 10^5 row groups of dozens of columns (a few hundred MB parsed, once per table) and refuses
@@ -290,7 +296,8 @@ impl ParquetBlocks {
             let n = usize::try_from(rg.num_rows()).map_err(|_| "negative row count")?;
             rows = rows.saturating_add(n);
         }
-        let rows = rows.clamp(1, BATCH_ROWS);
+        let per_batch = (MAX_BATCH_VALUES / cols.len().max(1)).clamp(1, BATCH_ROWS);
+        let rows = rows.clamp(1, per_batch);
         let chunks = self.prefetch(first..end, cols).map_err(|e| e.to_string())?;
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
             RowGroupChunks {
