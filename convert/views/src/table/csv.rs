@@ -10,9 +10,10 @@
 //! (quote-aware, stopping at the limit) before anything is built per column, and a file of
 //! more than [`super::MAX_COLUMNS`] columns is refused with a message saying what to do.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::ArrayRef;
 use arrow::csv::reader::{Format, ReaderBuilder};
@@ -53,9 +54,57 @@ struct CsvBlocks {
     ranges: Vec<(u64, u64)>,
     /// Rows of each block.
     rows: Vec<usize>,
+    /// The columns that have views (numeric and boolean), increasing: a block is decoded for
+    /// all of them at once and kept ([`DecodedBlock`]), since parsing a CSV block costs its
+    /// whole text whichever columns are wanted.
+    viewed: Vec<usize>,
+    last: Mutex<VecDeque<DecodedBlock>>,
+}
+
+/// Decoded blocks kept per CSV table: one per thread rendering neighbouring pieces of a file
+/// (`convert` renders a file's chunks in parallel), at most 4 × 2^20 values (32 MiB).
+const DECODED_BLOCKS: usize = 4;
+
+/// The viewed columns of a decoded block: with 10^4 columns, each column file decoded the
+/// block's whole text again (10^4 × the text; minutes for a 3 MB file). A block holds at
+/// most [`MAX_BLOCK_FIELDS`] fields, so this keeps at most 2^20 values (8 MiB of numbers).
+struct DecodedBlock {
+    block: usize,
+    arrays: Vec<ArrayRef>,
 }
 
 impl CsvBlocks {
+    /// Columns `cols` of block `b`, from the last decoded block when it is `b`.
+    fn read_cached(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
+        let pick = |arrays: &[ArrayRef]| -> Option<Vec<ArrayRef>> {
+            cols.iter()
+                .map(|c| {
+                    let at = self.viewed.binary_search(c).ok()?;
+                    arrays.get(at).cloned()
+                })
+                .collect()
+        };
+        if let Ok(last) = self.last.lock() {
+            if let Some(d) = last.iter().find(|d| d.block == b) {
+                if let Some(out) = pick(&d.arrays) {
+                    return Ok(out);
+                }
+            }
+        }
+        if !cols.iter().all(|c| self.viewed.binary_search(c).is_ok()) {
+            return self.read(b, cols);
+        }
+        let arrays = self.read(b, &self.viewed)?;
+        let out = pick(&arrays).ok_or("internal: column not decoded")?;
+        if let Ok(mut last) = self.last.lock() {
+            if last.len() >= DECODED_BLOCKS {
+                last.pop_front();
+            }
+            last.push_back(DecodedBlock { block: b, arrays });
+        }
+        Ok(out)
+    }
+
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let (start, end) = *self.ranges.get(b).ok_or("no such block")?;
         let len = usize::try_from(end - start).map_err(|_| "block too large")?;
@@ -95,7 +144,7 @@ impl CsvBlocks {
 
 impl BlockReader for CsvBlocks {
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
-        match catch_unwind(AssertUnwindSafe(|| self.read(b, cols))) {
+        match catch_unwind(AssertUnwindSafe(|| self.read_cached(b, cols))) {
             Ok(r) => r.map_err(|e| {
                 format!(
                     "block {b} (blocks of {} rows): {e}",
@@ -289,11 +338,14 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
             }
         }
     }
-    let columns = schema
+    let columns: Vec<ColumnPlan> = schema
         .fields()
         .iter()
         .zip(&nulls)
         .map(|(f, &n)| ColumnPlan::new(f.name().clone(), f.data_type().clone(), n))
+        .collect();
+    let viewed = (0..columns.len())
+        .filter(|&i| columns[i].dtype.is_some())
         .collect();
     let blocks = CsvBlocks {
         src,
@@ -301,6 +353,8 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
         schema,
         ranges,
         rows,
+        viewed,
+        last: Mutex::new(VecDeque::new()),
     };
     Ok((columns, starts, Box::new(blocks)))
 }
