@@ -2,60 +2,22 @@
 //! proved by counting work (blocks and row groups decoded, source requests), not by timing.
 //! Each test is named after the finding it pins.
 
+mod common;
+
 use std::fs::File;
-use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use common::Counting;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
-use stagefs_views::{
-    ByteSource, DirSource, SourceEntry, TableFormat, ViewError, ViewOptions, ViewSet,
-};
-
-/// A [`DirSource`] that counts the read requests made of it.
-struct Counting {
-    inner: DirSource,
-    reads: AtomicU64,
-}
-
-impl Counting {
-    fn reads(&self) -> u64 {
-        self.reads.load(Ordering::Relaxed)
-    }
-}
-
-impl ByteSource for Counting {
-    fn len(&self, rel: &Path) -> io::Result<u64> {
-        self.inner.len(rel)
-    }
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at(rel, offset, buf)
-    }
-    fn read_at_append(
-        &self,
-        rel: &Path,
-        offset: u64,
-        len: usize,
-        buf: &mut Vec<u8>,
-    ) -> io::Result<usize> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at_append(rel, offset, len, buf)
-    }
-    fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {
-        self.inner.list_dir(rel)
-    }
-}
+use stagefs_views::{TableFormat, ViewError, ViewOptions, ViewSet};
 
 fn counting(dir: &Path) -> (Arc<Counting>, ViewSet) {
-    let src = Arc::new(Counting {
-        inner: DirSource::new(dir),
-        reads: AtomicU64::new(0),
-    });
+    let src = Arc::new(Counting::new(dir));
     let set = ViewSet::new(src.clone(), ViewOptions::default()).expect("scan");
     (src, set)
 }
