@@ -7,7 +7,8 @@
 //! subdirectory, as the mount shows them. Files are rendered in parallel (`-j`), each written
 //! to a temporary name and renamed into place. Bad inputs are listed (a corrupt image is a zero
 //! slot, a corrupt table and an unreadable directory are skipped) and make the exit status 1,
-//! unless `--allow-bad`.
+//! unless `--allow-bad`. SIGTERM, SIGINT and SIGHUP remove the temporaries being written
+//! before the process exits.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -22,9 +23,29 @@ use stagefs_views::{DirSource, ViewError, ViewOptions, ViewSet};
 /// (source path, reason) of bad inputs, shared with the views' hook.
 type BadList = Arc<Mutex<Vec<(PathBuf, String)>>>;
 
+/// On SIGTERM, SIGINT or SIGHUP: removes the temporaries being written and exits with
+/// 128 + the signal, as the default action would, but leaving no hidden partial file in OUT.
+fn remove_temporaries_on_signal() -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("stagefs-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                stagefs_views::write::remove_temporaries_and_freeze();
+                eprintln!("stagefs: stopped by signal {sig}; partial files removed");
+                std::process::exit(128 + sig);
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
+}
+
 /// Runs the conversion; returns the process exit code.
 pub fn run(args: &super::convert::Args) -> anyhow::Result<i32> {
     let (inputs, out) = args.inputs_and_out();
+    remove_temporaries_on_signal()?;
     let mut jobs = Vec::new();
     let mut names = HashSet::new();
     for input in inputs {

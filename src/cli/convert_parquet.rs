@@ -79,10 +79,40 @@ fn bar_style(phase: &str) -> ProgressStyle {
     .progress_chars("=> ")
 }
 
+/// Written when an allocation fails: Rust's allocation-error handler prints the size and
+/// aborts, and an abort is not how a batch job should fail.
+const OOM_MESSAGE: &[u8] =
+    b"stagefs: error: out of memory (an allocation failed; check `ulimit -v` \
+and the job's memory limit, or lower --memory-budget or -j)\n";
+
+/// Turns an abort (a failed allocation ends in `abort()`) into a message and exit status 1.
+fn exit_1_on_abort() {
+    extern "C" fn on_abort(_: libc::c_int) {
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is a static.
+        unsafe {
+            libc::write(2, OOM_MESSAGE.as_ptr().cast(), OOM_MESSAGE.len());
+            libc::_exit(1);
+        }
+    }
+    // SAFETY: a zeroed sigaction with a handler that only calls async-signal-safe functions.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_abort as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGABRT, &action, std::ptr::null_mut());
+    }
+}
+
 /// Runs the conversion; returns the process exit code (2 for a usage error, reported before
-/// any data is read).
+/// any data is read). A failed allocation or a panic anywhere in the job ends it with a
+/// message and status 1, never an abort or a hang.
 pub fn run(args: &Args) -> anyhow::Result<i32> {
-    match run_inner(args) {
+    exit_1_on_abort();
+    let result = match stagefs_clean::caught(|| Ok(run_inner(args))) {
+        Ok(r) => r,
+        Err(panicked) => Err(panicked.into()),
+    };
+    match result {
         Err(e) if matches!(e.downcast_ref::<CleanError>(), Some(CleanError::Usage(_))) => {
             eprintln!("stagefs: error: {e:#}");
             Ok(2)

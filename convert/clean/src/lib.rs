@@ -609,12 +609,32 @@ where
             }
             Ok(spans_out)
         });
-        let consumed = rx.into_iter().par_bridge().try_for_each(&work);
+        // A panic in a worker (zstd panics when it cannot allocate a context) becomes this
+        // run's error: left to unwind through rayon it stranded the reader thread and the
+        // run hung instead of exiting.
+        let consumed = rx
+            .into_iter()
+            .par_bridge()
+            .try_for_each(|job| caught(|| work(job)));
         let produced = producer
             .join()
             .map_err(|_| CleanError::Data("reader thread panicked".into()))?;
         consumed?;
         produced
+    })
+}
+
+/// Runs `f`, turning a panic into a [`CleanError::Data`] that quotes it.
+pub fn caught<T>(f: impl FnOnce() -> Result<T, CleanError>) -> Result<T, CleanError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Err(CleanError::Data(format!(
+            "internal failure: {msg} (out of memory? check `ulimit -v` and --memory-budget)"
+        )))
     })
 }
 

@@ -17,7 +17,7 @@
 //! re-split record by record to name the file and line, and, with `--bad-rows skip`, to drop
 //! the bad records and keep the rest.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -203,6 +203,78 @@ pub fn check_parquet_footer(
     Ok(rows)
 }
 
+/// Memory the job needs per column, whatever the rows: the schema and inference state, a
+/// decoder builder per unit in flight and a Parquet column writer (page and statistics
+/// buffers) per row group being encoded. 64 KiB is a generous measure of these, so
+/// `--memory-budget` / [`COLUMN_BYTES`] columns keep the job within its budget.
+pub const COLUMN_BYTES: u64 = 64 << 10;
+
+/// The most columns a run of `max_record` (1/[`super::RECORD_SHARE`] of the budget) takes.
+pub fn max_columns(max_record: u64) -> usize {
+    usize::try_from(max_record.saturating_mul(super::RECORD_SHARE) / COLUMN_BYTES)
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+fn too_many_columns(path: &Path, found: &str, max_record: u64) -> CleanError {
+    let limit = max_columns(max_record);
+    CleanError::Data(format!(
+        "{}: {found} columns; --memory-budget {} allows at most {limit} ({} per column): \
+         raise --memory-budget, or split the table",
+        path.display(),
+        human_bytes(max_record.saturating_mul(super::RECORD_SHARE)),
+        human_bytes(COLUMN_BYTES)
+    ))
+}
+
+/// Fields of a CSV's first record, counted quote-aware without building anything per field;
+/// stops once past `limit` (returns `limit + 1`) or after `max_record` bytes.
+fn header_fields(path: &Path, limit: usize, max_record: u64) -> Result<usize, CleanError> {
+    let f = File::open(path).map_err(|e| io_err(path, e))?;
+    let mut r = BufReader::with_capacity(1 << 16, f).take(max_record);
+    let mut buf = [0u8; 1 << 16];
+    let (mut fields, mut in_quotes) = (1usize, false);
+    loop {
+        let n = r.read(&mut buf).map_err(|e| io_err(path, e))?;
+        if n == 0 {
+            return Ok(fields);
+        }
+        for &b in &buf[..n] {
+            match b {
+                b'"' => in_quotes = !in_quotes,
+                b',' if !in_quotes => {
+                    fields += 1;
+                    if fields > limit {
+                        return Ok(fields);
+                    }
+                }
+                b'\n' if !in_quotes => return Ok(fields),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The footer length of a Parquet file (its last 8 bytes), refused past `max` bytes before
+/// the footer is parsed (parsing costs about ten times its size).
+fn check_footer_len(f: &File, path: &Path, size: u64, max: u64) -> Result<(), CleanError> {
+    let mut tail = [0u8; 8];
+    f.read_exact_at(&mut tail, size - 8)
+        .map_err(|e| io_err(path, e))?;
+    let footer = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if footer > max {
+        return Err(CleanError::Data(format!(
+            "{}: the Parquet footer is {}, more than the {} (1/8 of --memory-budget) accepted: \
+             too many row groups × columns; rewrite the file with fewer, larger row groups, or \
+             raise --memory-budget",
+            path.display(),
+            human_bytes(footer),
+            human_bytes(max)
+        )));
+    }
+    Ok(())
+}
+
 /// Opens one input: detects the format (Parquet magic, else CSV) and reads its schema.
 /// `max_record` bounds the bytes read to infer a CSV's types (a stray quote makes the rest of
 /// a file one record; it must not be read into memory whole).
@@ -218,8 +290,17 @@ pub fn open_input(path: &Path, max_record: u64) -> Result<Input, CleanError> {
                 path.display()
             ))
         };
+        check_footer_len(&f, path, size, max_record)?;
         let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| bad(&e))?;
         check_parquet_footer(meta.metadata(), size).map_err(|e| bad(&e))?;
+        let columns = meta.schema().fields().len();
+        if columns > max_columns(max_record) {
+            return Err(too_many_columns(
+                path,
+                &format!("it has {columns}"),
+                max_record,
+            ));
+        }
         let schema = dedup_schema(meta.schema());
         return Ok(Input {
             path: path.to_path_buf(),
@@ -228,6 +309,14 @@ pub fn open_input(path: &Path, max_record: u64) -> Result<Input, CleanError> {
             schema,
             parquet: Some(meta),
         });
+    }
+    let limit = max_columns(max_record);
+    if header_fields(path, limit, max_record)? > limit {
+        return Err(too_many_columns(
+            path,
+            &format!("its header has over {limit}"),
+            max_record,
+        ));
     }
     let f = File::open(path).map_err(|e| io_err(path, e))?;
     let schema = infer_csv(path, BufReader::with_capacity(1 << 20, f).take(max_record))?;
@@ -252,15 +341,23 @@ pub fn open_input(path: &Path, max_record: u64) -> Result<Input, CleanError> {
 /// (pyarrow refuses such a file), so duplicates are renamed rather than refused: the output
 /// has the columns pandas would show.
 pub fn dedup_names(names: &mut [String]) {
-    let unnamed: Vec<usize> = (0..names.len()).filter(|&i| names[i].is_empty()).collect();
-    for &i in &unnamed {
-        names[i] = format!("Unnamed: {i}");
+    // Hash lookups, not list scans: a header of 10^6 repeated names was quadratic (minutes).
+    let is_unnamed: Vec<bool> = names.iter().map(|n| n.is_empty()).collect();
+    for (i, n) in names.iter_mut().enumerate() {
+        if n.is_empty() {
+            *n = format!("Unnamed: {i}");
+        }
+    }
+    // How many entries of `names` hold each name right now.
+    let mut present: HashMap<String, usize> = HashMap::new();
+    for n in names.iter() {
+        *present.entry(n.clone()).or_default() += 1;
     }
     let order: Vec<usize> = (0..names.len())
-        .filter(|i| !unnamed.contains(i))
-        .chain(unnamed.iter().copied())
+        .filter(|&i| !is_unnamed[i])
+        .chain((0..names.len()).filter(|&i| is_unnamed[i]))
         .collect();
-    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut counts: HashMap<String, usize> = HashMap::new();
     for i in order {
         let old = names[i].clone();
         let mut col = old.clone();
@@ -268,13 +365,19 @@ pub fn dedup_names(names: &mut [String]) {
         while cur > 0 {
             counts.insert(old.clone(), cur + 1);
             col = format!("{old}.{cur}");
-            if names.contains(&col) {
+            if present.get(&col).is_some_and(|&n| n > 0) {
                 cur += 1;
             } else {
                 cur = counts.get(&col).copied().unwrap_or(0);
             }
         }
         counts.insert(col.clone(), cur + 1);
+        if col != old {
+            if let Some(n) = present.get_mut(&old) {
+                *n -= 1;
+            }
+            *present.entry(col.clone()).or_default() += 1;
+        }
         names[i] = col;
     }
 }

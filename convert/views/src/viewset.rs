@@ -33,7 +33,23 @@ pub struct ViewEntry {
     pub kind: ViewKind,
 }
 
-type TableSlot = Arc<Mutex<Option<Result<Arc<Table>, (PathBuf, String)>>>>;
+/// Why a table cannot be viewed, kept so that it is worked out (and reported) once.
+#[derive(Clone)]
+enum TableFailure {
+    Corrupt(PathBuf, String),
+    Unsupported(PathBuf, String),
+}
+
+impl TableFailure {
+    fn error(&self) -> ViewError {
+        match self.clone() {
+            TableFailure::Corrupt(path, reason) => ViewError::Corrupt { path, reason },
+            TableFailure::Unsupported(path, reason) => ViewError::Unsupported { path, reason },
+        }
+    }
+}
+
+type TableSlot = Arc<Mutex<Option<Result<Arc<Table>, TableFailure>>>>;
 
 /// The `.npy/` namespace of one source with cached metadata; cheap to share across threads.
 pub struct ViewSet {
@@ -85,7 +101,8 @@ impl ViewSet {
     }
 
     /// The opened table at source path `rel` (footer / CSV index parsed once, then cached;
-    /// a corrupt table's error is cached and reported to `on_bad` once).
+    /// a corrupt or unsupported table's error is cached and reported to `on_bad` once, so a
+    /// hostile file costs its parse once, not once per lookup).
     pub fn table(&self, rel: &Path, format: TableFormat) -> Result<Arc<Table>, ViewError> {
         let slot = {
             let mut map = self.tables.lock().map_err(|_| poisoned())?;
@@ -94,7 +111,7 @@ impl ViewSet {
         let mut guard = slot.lock().map_err(|_| poisoned())?;
         match &*guard {
             Some(Ok(t)) => return Ok(t.clone()),
-            Some(Err((p, reason))) => return Err(ViewError::corrupt(p, reason)),
+            Some(Err(failure)) => return Err(failure.error()),
             None => {}
         }
         match Table::open(self.src.clone(), rel, format) {
@@ -105,8 +122,15 @@ impl ViewSet {
             }
             Err(ViewError::Corrupt { path, reason }) => {
                 self.opts.report_bad(&path, &reason);
-                *guard = Some(Err((path.clone(), reason.clone())));
-                Err(ViewError::Corrupt { path, reason })
+                let failure = TableFailure::Corrupt(path, reason);
+                *guard = Some(Err(failure.clone()));
+                Err(failure.error())
+            }
+            Err(ViewError::Unsupported { path, reason }) => {
+                self.opts.report_bad(&path, &reason);
+                let failure = TableFailure::Unsupported(path, reason);
+                *guard = Some(Err(failure.clone()));
+                Err(failure.error())
             }
             Err(e) => Err(e),
         }
@@ -143,7 +167,8 @@ impl ViewSet {
     }
 
     /// Entries of the directory `rel` under `.npy/`, with exact file sizes. A corrupt table's
-    /// directory fails with [`ViewError::Corrupt`].
+    /// directory fails with [`ViewError::Corrupt`], a too-wide one with
+    /// [`ViewError::Unsupported`].
     pub fn read_dir(&self, rel: &Path) -> Result<Vec<ViewEntry>, ViewError> {
         let not_found = || ViewError::NotFound(rel.to_path_buf());
         match self.tree.lookup(rel).ok_or_else(not_found)? {

@@ -4,16 +4,40 @@
 //! Each file is written to a hidden temporary name next to its destination and renamed into
 //! place when complete, so an interrupted run never leaves a partial file under a final name.
 //! Chunks of a file are rendered in parallel (rayon) and written with positioned writes.
+//!
+//! Every temporary that exists is listed in [`TEMPORARIES`] (created and removed under its
+//! lock), so a process stopped by a signal can remove them all before it exits
+//! ([`remove_temporaries_and_freeze`]): a `convert` stopped by SIGTERM leaves no hidden
+//! `.NAME.stagefs-tmp` behind.
 
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use rayon::prelude::*;
 
 use crate::error::ViewError;
 use crate::viewset::{ViewKind, ViewSet};
+
+/// The temporaries this process has created and not yet renamed or removed.
+static TEMPORARIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn temporaries() -> MutexGuard<'static, Vec<PathBuf>> {
+    // A panic elsewhere while holding the lock leaves the list itself intact.
+    TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes every temporary this process has open and keeps the list locked for good, so no
+/// thread can create another: for a signal handler thread, just before the process exits.
+pub fn remove_temporaries_and_freeze() {
+    let guard = temporaries();
+    for path in guard.iter() {
+        let _ = fs::remove_file(path);
+    }
+    std::mem::forget(guard);
+}
 
 /// Smallest unit of parallel work (bytes): keeps per-task overhead small for column files.
 const MIN_CHUNK: u64 = 1 << 20;
@@ -66,7 +90,7 @@ pub fn plan(set: &ViewSet, levels: Levels) -> Result<Plan, ViewError> {
 fn walk(set: &ViewSet, rel: PathBuf, levels: Levels, plan: &mut Plan) -> Result<(), ViewError> {
     let entries = match set.read_dir(&rel) {
         Ok(e) => e,
-        Err(ViewError::Corrupt { path, reason }) => {
+        Err(ViewError::Corrupt { path, reason }) | Err(ViewError::Unsupported { path, reason }) => {
             plan.bad.push((path, reason));
             return Ok(());
         }
@@ -111,7 +135,12 @@ pub fn write_file(
         .unwrap_or_default();
     let tmp = dest.with_file_name(format!(".{name}.stagefs-tmp"));
     let result = (|| {
-        let f = File::create(&tmp)?;
+        let f = {
+            let mut live = temporaries();
+            let f = File::create(&tmp)?;
+            live.push(tmp.clone());
+            f
+        };
         let len = view.len();
         f.set_len(len)?;
         let chunk = view.chunk_len().max(MIN_CHUNK);
@@ -137,11 +166,15 @@ pub fn write_file(
                 Ok(())
             })?;
         f.sync_all()?;
+        let mut live = temporaries();
         fs::rename(&tmp, &dest)?;
+        live.retain(|p| p != &tmp);
         Ok(())
     })();
     if result.is_err() {
+        let mut live = temporaries();
         let _ = fs::remove_file(&tmp);
+        live.retain(|p| p != &tmp);
     }
     result
 }

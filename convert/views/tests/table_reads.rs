@@ -4,47 +4,20 @@
 //! one 80 MB column, each an open + pread + close on a directory source, through the cache on
 //! a mount), and the view ran at 0.3× pyarrow.
 
+mod common;
+
 use std::fs::File;
-use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use common::Counting;
 
 use arrow::array::{ArrayRef, Float64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use stagefs_views::view::View;
-use stagefs_views::{ByteSource, DirSource, SourceEntry, ViewOptions, ViewSet};
-
-/// A [`DirSource`] that counts the reads asked of it.
-struct Counting {
-    inner: DirSource,
-    reads: AtomicU64,
-}
-
-impl ByteSource for Counting {
-    fn len(&self, rel: &Path) -> io::Result<u64> {
-        self.inner.len(rel)
-    }
-    fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at(rel, offset, buf)
-    }
-    fn read_at_append(
-        &self,
-        rel: &Path,
-        offset: u64,
-        len: usize,
-        buf: &mut Vec<u8>,
-    ) -> io::Result<usize> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read_at_append(rel, offset, len, buf)
-    }
-    fn list_dir(&self, rel: &Path) -> io::Result<Vec<SourceEntry>> {
-        self.inner.list_dir(rel)
-    }
-}
+use stagefs_views::{DirSource, ViewOptions, ViewSet};
 
 /// Writes `batch` to `DIR/t.parquet` with `props`.
 fn write_parquet(dir: &Path, batch: &RecordBatch, props: WriterProperties) {
@@ -84,15 +57,12 @@ fn regression_parquet_page_headers_read_a_few_bytes_at_a_time() {
         .build();
     write_parquet(dir.path(), &batch, props);
 
-    let src = Arc::new(Counting {
-        inner: DirSource::new(dir.path()),
-        reads: AtomicU64::new(0),
-    });
+    let src = Arc::new(Counting::new(dir.path()));
     let set = ViewSet::new(src.clone(), ViewOptions::default()).expect("view set");
     let view = set.open(Path::new("t.parquet/x.npy")).expect("x.npy");
-    let before = src.reads.load(Ordering::Relaxed);
+    let before = src.reads();
     let out = read_view(view.as_ref());
-    let reads = src.reads.load(Ordering::Relaxed) - before;
+    let reads = src.reads() - before;
     // Two row groups: one request per column chunk (the footer was read at open).
     assert!(
         reads <= 2,

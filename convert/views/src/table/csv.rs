@@ -2,10 +2,18 @@
 //! arrow does with no record limit), a second decodes it in runs of [`BLOCK_ROWS`] records and
 //! keeps each run's byte range and the null counts. A block read then decodes just that byte
 //! range. Both passes happen once, lazily, when the table is first opened.
+//!
+//! Wide files: arrow's decoder reserves room for a whole batch (rows × columns field offsets
+//! and ~8 bytes per field) before it reads a byte, so a block holds at most
+//! [`MAX_BLOCK_FIELDS`] fields: [`block_rows`] narrows blocks as columns grow (10^5 columns
+//! give blocks of 10 rows, not 64 Ki rows and a 52 GB reservation). The header is counted
+//! (quote-aware, stopping at the limit) before anything is built per column, and a file of
+//! more than [`super::MAX_COLUMNS`] columns is refused with a message saying what to do.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::ArrayRef;
 use arrow::csv::reader::{Format, ReaderBuilder};
@@ -18,6 +26,17 @@ use crate::source::{ByteSource, SourceReader};
 /// Records per block: 64 Ki rows keep a block's decode around a millisecond per numeric column
 /// while the index stays tiny (16 bytes per block).
 pub const BLOCK_ROWS: usize = 1 << 16;
+
+/// Fields (rows × columns) one block may hold: the decoder's up-front reservation is about 16
+/// bytes per field (an offset and an estimated 8 bytes of text), so 2^20 fields bound it to
+/// 16 MiB whatever the width. Tables of up to 16 columns keep full [`BLOCK_ROWS`] blocks.
+pub const MAX_BLOCK_FIELDS: usize = 1 << 20;
+
+/// Records per block for a table of `columns` columns: [`BLOCK_ROWS`], narrowed so that a
+/// block holds at most [`MAX_BLOCK_FIELDS`] fields, and at least one record.
+pub fn block_rows(columns: usize) -> usize {
+    (MAX_BLOCK_FIELDS / columns.max(1)).clamp(1, BLOCK_ROWS)
+}
 
 /// Bytes read from the source at a time while indexing.
 const READ_BYTES: usize = 4 << 20;
@@ -35,9 +54,57 @@ struct CsvBlocks {
     ranges: Vec<(u64, u64)>,
     /// Rows of each block.
     rows: Vec<usize>,
+    /// The columns that have views (numeric and boolean), increasing: a block is decoded for
+    /// all of them at once and kept ([`DecodedBlock`]), since parsing a CSV block costs its
+    /// whole text whichever columns are wanted.
+    viewed: Vec<usize>,
+    last: Mutex<VecDeque<DecodedBlock>>,
+}
+
+/// Decoded blocks kept per CSV table: one per thread rendering neighbouring pieces of a file
+/// (`convert` renders a file's chunks in parallel), at most 4 × 2^20 values (32 MiB).
+const DECODED_BLOCKS: usize = 4;
+
+/// The viewed columns of a decoded block: with 10^4 columns, each column file decoded the
+/// block's whole text again (10^4 × the text; minutes for a 3 MB file). A block holds at
+/// most [`MAX_BLOCK_FIELDS`] fields, so this keeps at most 2^20 values (8 MiB of numbers).
+struct DecodedBlock {
+    block: usize,
+    arrays: Vec<ArrayRef>,
 }
 
 impl CsvBlocks {
+    /// Columns `cols` of block `b`, from the last decoded block when it is `b`.
+    fn read_cached(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
+        let pick = |arrays: &[ArrayRef]| -> Option<Vec<ArrayRef>> {
+            cols.iter()
+                .map(|c| {
+                    let at = self.viewed.binary_search(c).ok()?;
+                    arrays.get(at).cloned()
+                })
+                .collect()
+        };
+        if let Ok(last) = self.last.lock() {
+            if let Some(d) = last.iter().find(|d| d.block == b) {
+                if let Some(out) = pick(&d.arrays) {
+                    return Ok(out);
+                }
+            }
+        }
+        if !cols.iter().all(|c| self.viewed.binary_search(c).is_ok()) {
+            return self.read(b, cols);
+        }
+        let arrays = self.read(b, &self.viewed)?;
+        let out = pick(&arrays).ok_or("internal: column not decoded")?;
+        if let Ok(mut last) = self.last.lock() {
+            if last.len() >= DECODED_BLOCKS {
+                last.pop_front();
+            }
+            last.push_back(DecodedBlock { block: b, arrays });
+        }
+        Ok(out)
+    }
+
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let (start, end) = *self.ranges.get(b).ok_or("no such block")?;
         let len = usize::try_from(end - start).map_err(|_| "block too large")?;
@@ -77,8 +144,13 @@ impl CsvBlocks {
 
 impl BlockReader for CsvBlocks {
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
-        match catch_unwind(AssertUnwindSafe(|| self.read(b, cols))) {
-            Ok(r) => r.map_err(|e| format!("block {b} (rows of {}): {e}", BLOCK_ROWS)),
+        match catch_unwind(AssertUnwindSafe(|| self.read_cached(b, cols))) {
+            Ok(r) => r.map_err(|e| {
+                format!(
+                    "block {b} (blocks of {} rows): {e}",
+                    block_rows(self.schema.fields().len())
+                )
+            }),
             Err(_) => Err(format!("CSV decoder panicked on block {b}")),
         }
     }
@@ -139,9 +211,44 @@ pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewE
     }
 }
 
+/// Fields of the header line (the first record), counted quote-aware without building
+/// anything per field; stops once the count passes `limit`, so a hostile 64 MiB header costs
+/// one bounded scan. Returns the count (or `limit + 1`).
+fn header_fields(src: &dyn ByteSource, rel: &Path, limit: usize) -> Result<usize, ViewError> {
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut pos, mut fields, mut in_quotes) = (0u64, 1usize, false);
+    loop {
+        let n = src.read_at(rel, pos, &mut buf)?;
+        if n == 0 {
+            return Ok(fields);
+        }
+        for &b in &buf[..n] {
+            match b {
+                b'"' => in_quotes = !in_quotes,
+                b',' if !in_quotes => {
+                    fields += 1;
+                    if fields > limit {
+                        return Ok(fields);
+                    }
+                }
+                b'\n' if !in_quotes => return Ok(fields),
+                _ => {}
+            }
+        }
+        pos += n as u64;
+        if pos > MAX_RECORD_BYTES {
+            // The record guard below reports this with its own message.
+            return Ok(fields);
+        }
+    }
+}
+
 fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError> {
     let bad = |e: String| ViewError::corrupt(rel, e);
     let len = src.len(rel)?;
+    if header_fields(src.as_ref(), rel, super::MAX_COLUMNS)? > super::MAX_COLUMNS {
+        return Err(super::too_many_columns(rel, "header line"));
+    }
     let (schema, _) = Format::default()
         .with_header(true)
         .infer_schema(
@@ -178,7 +285,7 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
 
     let mut dec = ReaderBuilder::new(schema.clone())
         .with_header(false)
-        .with_batch_size(BLOCK_ROWS)
+        .with_batch_size(block_rows(schema.fields().len()))
         .build_decoder();
     let mut nulls = vec![0u64; schema.fields().len()];
     let mut ranges = Vec::new();
@@ -231,11 +338,14 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
             }
         }
     }
-    let columns = schema
+    let columns: Vec<ColumnPlan> = schema
         .fields()
         .iter()
         .zip(&nulls)
         .map(|(f, &n)| ColumnPlan::new(f.name().clone(), f.data_type().clone(), n))
+        .collect();
+    let viewed = (0..columns.len())
+        .filter(|&i| columns[i].dtype.is_some())
         .collect();
     let blocks = CsvBlocks {
         src,
@@ -243,6 +353,8 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
         schema,
         ranges,
         rows,
+        viewed,
+        last: Mutex::new(VecDeque::new()),
     };
     Ok((columns, starts, Box::new(blocks)))
 }

@@ -16,18 +16,28 @@
 //! Sizes are checked once at open: every view's length (rows × row bytes + header) must fit
 //! in a `u64` with room to spare ([`MAX_VIEW_BYTES`]), so no later arithmetic can wrap; a table
 //! that fails this is a corrupt table (EIO for its views, the mount keeps running).
+//!
+//! Work per request is bounded and independent of the table's size: a block is found by a
+//! binary search of its first rows, the rendered-block cache is a hash map in LRU order
+//! (bounded by [`CACHE_BYTES`] and [`CACHE_BLOCKS`]), column files are found by name in a hash
+//! map, and `schema.json` is rendered once. (The cache was a list searched front to back: with
+//! millions of one-row blocks each lookup walked it, and a 4 KiB read took seconds.) A table has
+//! at most [`MAX_COLUMNS`] columns: each is a file and a few hundred bytes of plans, so the
+//! limit bounds a table's metadata to tens of MB whatever its header claims.
 
 pub mod csv;
 pub mod parquet;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::buffer::Buffer;
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float32Type};
+use lru::LruCache;
 use serde_json::json;
 
 use crate::error::ViewError;
@@ -38,6 +48,27 @@ use stagefs_npy::{DType, NpyHeader};
 
 /// Rendered blocks kept per table (bytes): a few row groups of a wide table.
 pub const CACHE_BYTES: usize = 64 << 20;
+
+/// Rendered blocks kept per table (count): many tiny blocks (one-row row groups) must not make
+/// the cache itself a cost; 4096 covers several render units of any table.
+pub const CACHE_BLOCKS: usize = 4096;
+
+/// Most columns a table view takes. Each column is a file of the table's directory and costs
+/// a few hundred bytes of metadata (plan, name, `schema.json` entry); 2^17 keeps a table's
+/// metadata within tens of MB, and is past the widest real tables (10^5 columns open fine).
+pub const MAX_COLUMNS: usize = 1 << 17;
+
+/// The error for a table of more than [`MAX_COLUMNS`] columns (`what`: where they were found).
+pub(crate) fn too_many_columns(rel: &Path, what: &str) -> ViewError {
+    ViewError::Unsupported {
+        path: rel.to_path_buf(),
+        reason: format!(
+            "its {what} has more than {MAX_COLUMNS} columns, the most a table view takes (one \
+             file per column); select the columns you need first, e.g. with `stagefs convert \
+             --to parquet --columns A,B,...`"
+        ),
+    }
+}
 
 /// Largest view a table may have (bytes): 2^62, far past any real table, and far enough
 /// below `u64::MAX` that sums of offsets and lengths cannot wrap.
@@ -57,6 +88,10 @@ pub const SCHEMA: &str = "schema.json";
 pub(crate) trait BlockReader: Send + Sync {
     /// The columns `cols` (indices into the table's columns, increasing) of block `b`.
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String>;
+    /// Source units (Parquet row groups) block `b` spans; 1 by default.
+    fn units(&self, _b: usize) -> u64 {
+        1
+    }
 }
 
 /// How one source column appears in the view.
@@ -115,7 +150,8 @@ impl ColumnPlan {
 /// bytes with `.npy`) is cut at a character boundary and gets `_<index>` too, so the column stays
 /// readable; `schema.json` maps every column to its file.
 fn assign_files(columns: &mut [ColumnPlan]) {
-    let mut used: Vec<String> = vec![FEATURES.into(), SCHEMA.into()];
+    // A set, not a list: with 10^5 columns a list made this quadratic (seconds per open).
+    let mut used: HashSet<String> = [FEATURES.to_string(), SCHEMA.to_string()].into();
     for (i, c) in columns.iter_mut().enumerate() {
         if c.dtype.is_none() {
             continue;
@@ -139,20 +175,32 @@ fn assign_files(columns: &mut [ColumnPlan]) {
             }
             file = format!("{}{suffix}", &base[..cut]);
         }
-        used.push(file.clone());
+        used.insert(file.clone());
         c.file = Some(file);
     }
 }
 
 /// What a cached block holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Part {
     Column(usize),
     Features,
 }
 
-/// A cached rendered block: (block, part) and its bytes.
-type BlockEntry = ((usize, Part), Buffer);
+/// Rendered blocks by (block, part), least recently used first out, and their total bytes.
+struct BlockCache {
+    map: LruCache<(usize, Part), Buffer>,
+    bytes: usize,
+}
+
+/// Work a table has done, for tests and logs: what a read cost, counted not timed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableWork {
+    /// Blocks decoded (cache misses).
+    pub blocks_decoded: u64,
+    /// Parquet row groups (or CSV blocks) those decodes covered.
+    pub units_decoded: u64,
+}
 
 /// An opened table: metadata parsed once, blocks decoded on demand.
 pub struct Table {
@@ -163,7 +211,15 @@ pub struct Table {
     /// First row of each block, then the row count: `blocks + 1` entries.
     block_starts: Vec<u64>,
     reader: Box<dyn BlockReader>,
-    cache: Mutex<VecDeque<BlockEntry>>,
+    cache: Mutex<BlockCache>,
+    /// Column index by file name.
+    by_file: HashMap<String, usize>,
+    /// Indices of the columns in `features.npy`.
+    features: Vec<usize>,
+    /// `schema.json`, rendered once.
+    schema: Arc<[u8]>,
+    blocks_decoded: AtomicU64,
+    units_decoded: AtomicU64,
 }
 
 impl Table {
@@ -204,15 +260,49 @@ impl Table {
                 format!("{rows} rows of {widest} bytes make a view larger than 2^62 bytes"),
             ));
         }
-        Ok(Table {
+        if columns.len() > MAX_COLUMNS {
+            return Err(too_many_columns(rel, "schema"));
+        }
+        let by_file = columns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((c.file.clone()?, i)))
+            .collect();
+        let features = (0..columns.len())
+            .filter(|&i| columns[i].dtype.is_some())
+            .collect();
+        let mut t = Table {
             rel: rel.to_path_buf(),
             format,
             rows,
             columns,
             block_starts,
             reader,
-            cache: Mutex::new(VecDeque::new()),
-        })
+            cache: Mutex::new(BlockCache {
+                map: LruCache::unbounded(),
+                bytes: 0,
+            }),
+            by_file,
+            features,
+            schema: Arc::from(Vec::new()),
+            blocks_decoded: AtomicU64::new(0),
+            units_decoded: AtomicU64::new(0),
+        };
+        t.schema = t.render_schema_json().into();
+        Ok(t)
+    }
+
+    /// Blocks and source units decoded so far (cache misses), for tests and logs.
+    pub fn work(&self) -> TableWork {
+        TableWork {
+            blocks_decoded: self.blocks_decoded.load(Ordering::Relaxed),
+            units_decoded: self.units_decoded.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Number of blocks (Parquet: runs of row groups; CSV: runs of records).
+    pub fn blocks(&self) -> usize {
+        self.block_starts.len().saturating_sub(1)
     }
 
     /// Number of rows.
@@ -225,10 +315,8 @@ impl Table {
         &self.columns
     }
 
-    fn feature_cols(&self) -> Vec<usize> {
-        (0..self.columns.len())
-            .filter(|&i| self.columns[i].dtype.is_some())
-            .collect()
+    fn feature_cols(&self) -> &[usize] {
+        &self.features
     }
 
     fn column_header(&self, c: usize) -> Option<NpyHeader> {
@@ -244,6 +332,10 @@ impl Table {
 
     /// `schema.json`: rows, and per column its name, dtype and file or why it was skipped.
     pub fn schema_json(&self) -> Vec<u8> {
+        self.schema.to_vec()
+    }
+
+    fn render_schema_json(&self) -> Vec<u8> {
         let cols: Vec<serde_json::Value> = self
             .columns
             .iter()
@@ -284,7 +376,7 @@ impl Table {
             }
         }
         out.push((FEATURES.to_string(), self.features_header().file_len()));
-        out.push((SCHEMA.to_string(), self.schema_json().len() as u64));
+        out.push((SCHEMA.to_string(), self.schema.len() as u64));
         out
     }
 
@@ -301,10 +393,7 @@ impl Table {
                 header,
             )));
         }
-        let c = self
-            .columns
-            .iter()
-            .position(|c| c.file.as_deref() == Some(name))?;
+        let c = *self.by_file.get(name)?;
         let header = self.column_header(c)?;
         Some(Arc::new(TableView::new(
             self.clone(),
@@ -319,11 +408,14 @@ impl Table {
 
     /// Rendered bytes of `part` for block `b`, from the cache or decoded now.
     fn block(&self, b: usize, part: Part) -> Result<Buffer, ViewError> {
-        if let Ok(cache) = self.cache.lock() {
-            if let Some((_, v)) = cache.iter().find(|(k, _)| *k == (b, part)) {
+        if let Ok(mut cache) = self.cache.lock() {
+            if let Some(v) = cache.map.get(&(b, part)) {
                 return Ok(v.clone());
             }
         }
+        self.blocks_decoded.fetch_add(1, Ordering::Relaxed);
+        self.units_decoded
+            .fetch_add(self.reader.units(b), Ordering::Relaxed);
         let rows = usize::try_from(self.block_starts[b + 1] - self.block_starts[b])
             .map_err(|_| self.corrupt(format!("block {b} has too many rows")))?;
         let bytes = match part {
@@ -352,21 +444,23 @@ impl Table {
                     Vec::new()
                 } else {
                     self.reader
-                        .read_block(b, &cols)
+                        .read_block(b, cols)
                         .map_err(|e| self.corrupt(e))?
                 };
                 features_bytes(&arrays, rows).map_err(|e| self.corrupt(e))?
             }
         };
         if let Ok(mut cache) = self.cache.lock() {
-            let mut total: usize = cache.iter().map(|(_, v)| v.len()).sum::<usize>() + bytes.len();
-            while total > CACHE_BYTES {
-                let Some((_, old)) = cache.pop_front() else {
+            if let Some(old) = cache.map.put((b, part), bytes.clone()) {
+                cache.bytes -= old.len();
+            }
+            cache.bytes += bytes.len();
+            while cache.bytes > CACHE_BYTES || cache.map.len() > CACHE_BLOCKS {
+                let Some((_, old)) = cache.map.pop_lru() else {
                     break;
                 };
-                total -= old.len();
+                cache.bytes -= old.len();
             }
-            cache.push_back(((b, part), bytes.clone()));
         }
         Ok(bytes)
     }

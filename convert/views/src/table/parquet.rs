@@ -12,6 +12,17 @@
 //! column chunk's byte range against the file, with checked arithmetic. Decoding asks for at
 //! most [`BATCH_ROWS`] rows at a time (the decoder reserves a batch's memory up front), so a
 //! lying row count fails its view with EIO when the pages run out, never the process.
+//!
+//! Many small row groups: a block is a run of consecutive row groups (at most
+//! [`BLOCK_GROUPS`] of them and about [`BLOCK_ROWS`] rows), decoded by one reader, whose
+//! column chunks are read with as few source requests as their layout allows (ranges closer
+//! than [`GAP_BYTES`] are merged, up to [`MAX_PREFETCH`]). So a read costs the blocks it
+//! touches, whatever the file's row-group count: a 4 KiB read of a file of 10^5 one-row
+//! groups decodes at most three blocks and reads the source a few times (it decoded one row
+//! group per row and searched a cache list of millions of entries). The footer is parsed once
+//! per open table and only if it is at most [`MAX_FOOTER_BYTES`] with at most
+//! [`MAX_ROW_GROUPS`] row groups: parsing costs about ten times the footer's size in memory,
+//! so these bound what one file's metadata can cost the mount.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -37,6 +48,33 @@ use crate::source::ByteSource;
 /// header per page, about 1 000 rows per byte. 2^16 leaves room for odd writers and still
 /// refuses the 11 KB file claiming 10^12 rows (an 8 TB allocation once).
 pub const MAX_ROWS_PER_FILE_BYTE: u64 = 1 << 16;
+
+/// Values (rows × projected columns) one decoded batch may hold: the decoder reserves a
+/// batch's buffers before the pages say how many rows there really are, so a footer claiming
+/// 1 Mi rows in a file of 10^4 columns must not turn a `features.npy` read into an 80 GB
+/// reservation. 2^22 values (32 MiB of float64) keep narrow tables at full [`BATCH_ROWS`].
+pub const MAX_BATCH_VALUES: usize = 1 << 22;
+
+/// Largest footer accepted (bytes). A footer is the file's metadata: ~100-200 bytes per
+/// column chunk (row groups × columns), parsed into about ten times that. 64 MiB takes
+/// 10^5 row groups of dozens of columns (a few hundred MB parsed, once per table) and refuses
+/// the footers that cost gigabytes (10^6 row groups × a few columns).
+pub const MAX_FOOTER_BYTES: u64 = 64 << 20;
+
+/// Most row groups accepted: 2^17 is far past real files (a 1 TB file of 128 MiB groups has
+/// 8 192) and keeps the per-group index small.
+pub const MAX_ROW_GROUPS: usize = 1 << 17;
+
+/// Most row groups one block spans: bounds a block's reader work when row groups are tiny.
+pub const BLOCK_GROUPS: usize = 256;
+
+/// Rows a block of several row groups gathers up to (a single row group may be larger).
+pub const BLOCK_ROWS: u64 = 1 << 16;
+
+/// Column chunks closer than this in the file are read with one source request (the bytes
+/// in between are read and dropped): a request costs far more than 64 KiB on a shared file
+/// system.
+pub const GAP_BYTES: u64 = 64 << 10;
 
 /// Rows decoded per batch: a row group of 1 Mi rows (pyarrow's default) decodes in one batch
 /// and one buffer (handed out without a copy); a larger or lying one in bounded steps.
@@ -192,50 +230,75 @@ impl ChunkReader for RowGroupChunks {
     }
 }
 
-/// Decodes row groups of one Parquet file.
+/// Decodes runs of row groups of one Parquet file.
 struct ParquetBlocks {
     file: SourceFile,
     meta: ArrowReaderMetadata,
+    /// First row group of each block, then the row-group count: `blocks + 1` entries.
+    groups: Vec<usize>,
 }
 
 impl ParquetBlocks {
-    /// Reads the column chunks of `cols` (root columns) in row group `rg`, one request each,
-    /// skipping any larger than [`MAX_PREFETCH`]. Ranges were checked by [`check_footer`].
+    /// Reads the column chunks of `cols` (root columns) in row groups `rgs`: ranges closer
+    /// than [`GAP_BYTES`] are merged into one request of at most [`MAX_PREFETCH`]; a chunk
+    /// larger than that is left to the page reader. Ranges were checked by [`check_footer`].
     fn prefetch(
         &self,
-        rg: &parquet::file::metadata::RowGroupMetaData,
+        rgs: std::ops::Range<usize>,
         cols: &[usize],
     ) -> parquet::errors::Result<Vec<(u64, Bytes)>> {
         let descr = self.meta.parquet_schema();
-        let mut chunks = Vec::new();
-        for (leaf, c) in rg.columns().iter().enumerate() {
-            if leaf >= descr.num_columns() || !cols.contains(&descr.get_column_root_idx(leaf)) {
-                continue;
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for rg in &self.meta.metadata().row_groups()[rgs] {
+            for (leaf, c) in rg.columns().iter().enumerate() {
+                if leaf >= descr.num_columns() || !cols.contains(&descr.get_column_root_idx(leaf)) {
+                    continue;
+                }
+                let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+                let (Ok(start), Ok(len)) =
+                    (u64::try_from(start), u64::try_from(c.compressed_size()))
+                else {
+                    continue;
+                };
+                if len == 0 || len > MAX_PREFETCH {
+                    continue;
+                }
+                ranges.push((start, start + len));
             }
-            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
-            let (Ok(start), Ok(len)) = (u64::try_from(start), u64::try_from(c.compressed_size()))
-            else {
-                continue;
-            };
-            if len == 0 || len > MAX_PREFETCH {
-                continue;
-            }
-            chunks.push((start, self.file.read_range(start, len as usize)?));
         }
-        Ok(chunks)
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in ranges {
+            match merged.last_mut() {
+                Some(last)
+                    if start <= last.1.saturating_add(GAP_BYTES)
+                        && end.max(last.1) - last.0 <= MAX_PREFETCH =>
+                {
+                    last.1 = last.1.max(end);
+                }
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+            .into_iter()
+            .map(|(start, end)| Ok((start, self.file.read_range(start, (end - start) as usize)?)))
+            .collect()
     }
 
     fn read(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         let mask = ProjectionMask::roots(self.meta.parquet_schema(), cols.iter().copied());
-        let rg = self
-            .meta
-            .metadata()
-            .row_groups()
-            .get(b)
-            .ok_or_else(|| format!("no row group {b}"))?;
-        let rows = usize::try_from(rg.num_rows()).map_err(|_| "negative row count")?;
-        let rows = rows.clamp(1, BATCH_ROWS);
-        let chunks = self.prefetch(rg, cols).map_err(|e| e.to_string())?;
+        let (first, end) = match (self.groups.get(b), self.groups.get(b + 1)) {
+            (Some(&f), Some(&e)) if f < e => (f, e),
+            _ => return Err(format!("no block {b}")),
+        };
+        let mut rows = 0usize;
+        for rg in &self.meta.metadata().row_groups()[first..end] {
+            let n = usize::try_from(rg.num_rows()).map_err(|_| "negative row count")?;
+            rows = rows.saturating_add(n);
+        }
+        let per_batch = (MAX_BATCH_VALUES / cols.len().max(1)).clamp(1, BATCH_ROWS);
+        let rows = rows.clamp(1, per_batch);
+        let chunks = self.prefetch(first..end, cols).map_err(|e| e.to_string())?;
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
             RowGroupChunks {
                 file: self.file.clone(),
@@ -244,7 +307,7 @@ impl ParquetBlocks {
             self.meta.clone(),
         )
         .with_projection(mask)
-        .with_row_groups(vec![b])
+        .with_row_groups((first..end).collect())
         .with_batch_size(rows)
         .build()
         .map_err(|e| e.to_string())?;
@@ -283,9 +346,63 @@ impl BlockReader for ParquetBlocks {
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         match catch_unwind(AssertUnwindSafe(|| self.read(b, cols))) {
             Ok(r) => r,
-            Err(_) => Err(format!("Parquet decoder panicked on row group {b}")),
+            Err(_) => Err(format!("Parquet decoder panicked on block {b}")),
         }
     }
+
+    fn units(&self, b: usize) -> u64 {
+        match (self.groups.get(b), self.groups.get(b + 1)) {
+            (Some(&f), Some(&e)) => e.saturating_sub(f) as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// Cuts row groups into blocks (see the module notes): `starts` holds the first row of each
+/// row group and then the row count. Returns the first row group of each block then the
+/// row-group count, and the first row of each block then the row count.
+pub fn blocks_of(starts: &[u64]) -> (Vec<usize>, Vec<u64>) {
+    let groups = starts.len().saturating_sub(1);
+    let (mut firsts, mut rows) = (vec![0usize], vec![0u64]);
+    let mut first = 0usize;
+    for g in 0..groups {
+        let next = g + 1;
+        let block_rows = starts[next] - starts[first];
+        let next_rows = starts.get(next + 1).map(|&e| e - starts[next]);
+        let full = next - first >= BLOCK_GROUPS
+            || next_rows.is_none_or(|n| block_rows.saturating_add(n) > BLOCK_ROWS);
+        if full {
+            firsts.push(next);
+            rows.push(starts[next]);
+            first = next;
+        }
+    }
+    (firsts, rows)
+}
+
+/// The footer's length from the file's last 8 bytes, refused past [`MAX_FOOTER_BYTES`]
+/// before anything is parsed. A file too short or without the magic is left to the parser,
+/// which says so.
+fn check_footer_len(file: &SourceFile) -> Result<(), String> {
+    if file.len < 8 {
+        return Ok(());
+    }
+    let tail = file
+        .read_range(file.len - 8, 8)
+        .map_err(|e| format!("cannot read the Parquet footer: {e}"))?;
+    if &tail[4..] != b"PAR1" {
+        return Ok(());
+    }
+    let footer = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if footer > MAX_FOOTER_BYTES {
+        return Err(format!(
+            "its footer (metadata) is {footer} bytes, more than the {} MiB a table view \
+             accepts: too many row groups × columns; rewrite it with fewer, larger row groups \
+             (e.g. pyarrow's write_table(..., row_group_size=1_000_000))",
+            MAX_FOOTER_BYTES >> 20
+        ));
+    }
+    Ok(())
 }
 
 type Opened = (Vec<ColumnPlan>, Vec<u64>, Box<dyn BlockReader>);
@@ -351,15 +468,36 @@ pub fn check_footer(
 }
 
 fn open_inner(file: SourceFile) -> Result<Opened, String> {
+    check_footer_len(&file)?;
     let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| format!("cannot read the Parquet footer: {e}"))?;
     let md = meta.metadata().clone();
-    let starts = check_footer(&md, file.len)?;
+    if md.num_row_groups() > MAX_ROW_GROUPS {
+        return Err(format!(
+            "it has {} row groups, more than the {MAX_ROW_GROUPS} a table view accepts; \
+             rewrite it with fewer, larger row groups (e.g. pyarrow's \
+             write_table(..., row_group_size=1_000_000))",
+            md.num_row_groups()
+        ));
+    }
+    if meta.schema().fields().len() > super::MAX_COLUMNS {
+        return Err(format!(
+            "it has {} columns, more than the {} a table view takes (one file per column); \
+             select the columns you need first, e.g. with `stagefs convert --to parquet \
+             --columns A,B,...`",
+            meta.schema().fields().len(),
+            super::MAX_COLUMNS
+        ));
+    }
+    let group_starts = check_footer(&md, file.len)?;
+    let (groups, starts) = blocks_of(&group_starts);
+    drop(group_starts);
     let schema = meta.schema().clone();
     let descr = meta.parquet_schema();
     let blocks = ParquetBlocks {
         file,
         meta: meta.clone(),
+        groups,
     };
     let mut columns = Vec::with_capacity(schema.fields().len());
     for (i, field) in schema.fields().iter().enumerate() {
@@ -385,7 +523,7 @@ fn open_inner(file: SourceFile) -> Result<Opened, String> {
                 Some(n) => n,
                 None => {
                     let mut n = 0u64;
-                    for b in 0..md.num_row_groups() {
+                    for b in 0..blocks.groups.len().saturating_sub(1) {
                         let arrays = blocks.read(b, &[i])?;
                         n += arrays.first().map(|a| a.null_count() as u64).unwrap_or(0);
                     }
