@@ -286,7 +286,7 @@ impl FsCore {
         }
         if !cfg.rescan && dir.exists(SNAPSHOT_FILE) {
             match Snapshot::load_from(dir, SNAPSHOT_FILE) {
-                Ok(s) if s.source_root() == cfg.source => {
+                Ok(s) if s.source_root() == cfg.source && s.root_unchanged(&*source) => {
                     info!(
                         nodes = s.len(),
                         "serving the snapshot kept in the cache (no listing)"
@@ -294,7 +294,10 @@ impl FsCore {
                     s.attach_source(source);
                     return Ok((s, "cache"));
                 }
-                Ok(_) => info!("the cache's snapshot is of another source: listing again"),
+                Ok(_) => info!(
+                    "the cache's snapshot is of another source, or the source root changed since \
+                     (a regenerated tree): listing again"
+                ),
                 Err(e) => warn!(error = %e, "the cache's snapshot is unusable: listing again"),
             }
         }

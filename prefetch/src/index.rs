@@ -22,7 +22,8 @@ use crate::source::Version;
 /// Magic at the start of the log.
 pub const MAGIC: &[u8; 12] = b"STAGEFS-IDX\0";
 /// Bumped when the record layout changes; a log of another version is discarded.
-pub const LOG_VERSION: u32 = 2;
+/// 3: entry records carry the source's ctime (part of [`Version`]).
+pub const LOG_VERSION: u32 = 3;
 /// Header: magic, version, snapshot id (16 bytes).
 pub const HEADER_LEN: usize = 12 + 4 + 16;
 /// Longest key accepted (a path beneath the source: Linux's PATH_MAX).
@@ -144,6 +145,7 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             put_u32(out, *slots);
             put_u64(out, version.size);
             put_u64(out, version.mtime_ns as u64);
+            put_u64(out, version.ctime_ns as u64);
             put_u64(out, version.ino);
             let key = &key[..key.len().min(MAX_KEY)];
             out.extend_from_slice(&(key.len() as u16).to_le_bytes());
@@ -235,6 +237,7 @@ pub fn decode(buf: &[u8]) -> Option<(Record<'_>, usize)> {
             let version = Version {
                 size: r.u64()?,
                 mtime_ns: r.u64()? as i64,
+                ctime_ns: r.u64()? as i64,
                 ino: r.u64()?,
             };
             let klen = usize::from(r.u16()?);
@@ -315,6 +318,7 @@ mod tests {
                 version: Version {
                     size: 3 << 20,
                     mtime_ns: -5,
+                    ctime_ns: 1_700_000_000_123_456_789,
                     ino: 99,
                 },
                 key: b"train/n01/img.jpg",

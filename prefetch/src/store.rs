@@ -214,7 +214,7 @@ struct Log {
 
 /// Encoded size of a block record, and of an entry record without its key.
 const BLOCK_REC: u64 = 31;
-const ENTRY_REC: u64 = 47;
+const ENTRY_REC: u64 = 55;
 
 /// An entry found in the index at open, for the owner to bind (or forget); its key is
 /// [`Loaded::key`].

@@ -42,6 +42,7 @@ fn v(size: u64, mtime_ns: i64) -> Version {
     Version {
         size,
         mtime_ns,
+        ctime_ns: 3,
         ino: 7,
     }
 }

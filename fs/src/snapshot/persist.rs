@@ -7,9 +7,9 @@
 //!                     creation time, the length of every section, scan statistics
 //! root                the source root's path (bytes)
 //! owners              (uid u32, gid u32) per interned owner
-//! nodes               38 bytes per node, breadth first:
+//! nodes               46 bytes per node, breadth first:
 //!                     kind u8, flags u8 (0), perm u16, name length u16, owner u32,
-//!                     nlink u32, size u64, mtime ns i64, inode u64
+//!                     nlink u32, size u64, mtime ns i64, inode u64, ctime ns i64
 //! names               all names, in node order (the root's is empty)
 //! dirs                per directory node, in node order: child count u32,
 //!                     state u8 (0 listed, 1 failed, 2 not listed), errno i32
@@ -53,13 +53,14 @@ use super::{Inner, NodeId, Queue, ScanOptions, Snapshot, SnapshotError};
 
 /// First bytes of every snapshot file.
 pub(crate) const MAGIC: [u8; 8] = *b"STGFSIDX";
-/// The format version this code writes and reads.
-pub(crate) const VERSION: u32 = 1;
+/// The format version this code writes and reads (2: nodes carry the ctime; a file of
+/// version 1 is refused, and a mount lists the source again).
+pub(crate) const VERSION: u32 = 2;
 /// Size of the header.
 const HEADER_LEN: usize = 128;
 /// Size of a node record.
-const NODE_LEN: u64 = 38;
-/// Node records read per batch (38 KiB).
+const NODE_LEN: u64 = 46;
+/// Node records read per batch (46 KiB).
 const NODE_BATCH: usize = 1024;
 /// Size of a directory record.
 const DIR_LEN: u64 = 9;
@@ -325,6 +326,7 @@ fn write_snapshot(snap: &Snapshot, w: &mut impl Write) -> io::Result<()> {
         rec[14..22].copy_from_slice(&f.size.to_le_bytes());
         rec[22..30].copy_from_slice(&f.mtime_ns.to_le_bytes());
         rec[30..38].copy_from_slice(&f.ino.to_le_bytes());
+        rec[38..46].copy_from_slice(&f.ctime_ns.to_le_bytes());
         w.write_all(&rec)?;
     }
     for &id in &order {
@@ -644,6 +646,7 @@ fn parse_body<R: Read>(r: &mut Reader<'_, R>) -> Result<Inner, SnapshotError> {
             nlink: le32(10),
             size: le64(14),
             mtime_ns: le64(22) as i64,
+            ctime_ns: le64(38) as i64,
             ino: le64(30),
         };
         if flags != 0 || perm > 0o7777 || owner >= n_owners {

@@ -245,6 +245,7 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     let v = |size| Version {
         size,
         mtime_ns: 1,
+        ctime_ns: 1,
         ino: 2,
     };
     let a = store.create(KeyKind::Raw, b"train/n0/a.jpg", v(3000), 1, false, 5);
