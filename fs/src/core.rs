@@ -439,6 +439,7 @@ impl FsCore {
         for t in threads {
             let _ = t.join();
         }
+        self.store.abandon();
     }
 
     /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.

@@ -375,3 +375,27 @@ fn views_carry_the_owner_and_read_bits_of_their_input() {
     assert!(np.iter().any(|n| n == OsStr::new("salary.npy")), "{np:?}");
     c.shutdown();
 }
+
+#[test]
+fn two_mounts_on_one_cache_the_second_is_refused() {
+    // Issue 22, minor: two mounts sharing one cache directory overwrote each other's blocks.
+    let (tmp, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let other = tmp.path().join("src2");
+    tree(&other);
+    let err = stagefs_fs::FsCore::with_source(config(&other, &cache), Counting::new(&other))
+        .err()
+        .expect("a second mount of a cache in use was accepted");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("in use by another mount")
+            && msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert_eq!(err.errno(), libc::EBUSY);
+    c.shutdown();
+    // Free again once the first is unmounted.
+    let (c, _) = mount(config(&other, &cache));
+    assert_eq!(read(&c, &rel("d/x.txt"), 0, 5, 5).unwrap(), b"hello");
+    c.shutdown();
+}

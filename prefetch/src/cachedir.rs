@@ -287,6 +287,41 @@ impl CacheDir {
     }
 }
 
+/// Name of the lock file in the cache directory (see [`CacheDir::lock`]).
+pub const LOCK_FILE: &str = "lock";
+
+impl CacheDir {
+    /// Takes the cache's exclusive lock: `flock` on [`LOCK_FILE`] (created `0600`), held until
+    /// the returned file is dropped or its process dies (so a killed daemon never leaves a stale
+    /// lock). Two mounts sharing one cache would overwrite each other's blocks and log, so the
+    /// second is refused, naming the holder's pid, which the holder writes into the file.
+    pub fn lock(&self) -> Result<File, CacheError> {
+        use std::io::{Read, Write};
+        let io_err = |source: io::Error| CacheError::Dir {
+            path: self.path.clone(),
+            source,
+        };
+        let mut file = self.open_rw(LOCK_FILE, true).map_err(io_err)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                // The pid is a hint for the message: a few bytes, parsed or ignored.
+                let mut text = String::new();
+                let _ = (&file).take(32).read_to_string(&mut text);
+                return Err(CacheError::InUse {
+                    path: self.path.clone(),
+                    pid: text.trim().parse().ok(),
+                });
+            }
+            Err(e) => return Err(io_err(e.into())),
+        }
+        file.set_len(0).map_err(io_err)?;
+        file.write_all(format!("{}\n", std::process::id()).as_bytes())
+            .map_err(io_err)?;
+        Ok(file)
+    }
+}
+
 /// 64 unpredictable bits from the kernel.
 pub fn random_u64() -> io::Result<u64> {
     let mut b = [0u8; 8];

@@ -52,6 +52,10 @@ pub const OPEN_DATA_FILES: usize = 256;
 /// The cache format's directory inside the cache directory (index, segments, files, snapshot).
 pub const FORMAT_DIR: &str = "v2";
 const INDEX: &str = "index.log";
+/// Largest slot the cache stores: a [`Loc`]'s length is a `u32`. One bound, shared by
+/// [`CacheStore::insert`] and the log replay, so whatever is stored survives a remount (a
+/// rendered image slot of `--image-size` 8192 is 192 MiB; raw blocks are [`BLOCK_SIZE`]).
+pub const MAX_SLOT_BYTES: u64 = u32::MAX as u64;
 /// Largest index accepted at load: 64 GiB is far beyond any real cache's (≈ 100 B per block).
 const MAX_INDEX_BYTES: u64 = 64 << 30;
 /// The log is rewritten at load or close when live records are less than this fraction of it.
@@ -284,6 +288,9 @@ impl Loaded {
 
 /// The scratch cache.
 pub struct CacheStore {
+    /// The cache directory's lock ([`CacheDir::lock`]), held until [`close`](Self::close) or
+    /// [`abandon`](Self::abandon).
+    lock: Mutex<Option<File>>,
     dir: CacheDir,
     segdir: CacheDir,
     filedir: CacheDir,
@@ -300,6 +307,8 @@ impl CacheStore {
     /// Opens (or creates) the cache in `cfg.dir` and replays its index.
     pub fn open(cfg: &StoreConfig, stats: Arc<Stats>) -> Result<(CacheStore, Loaded), CacheError> {
         let top = CacheDir::open(&cfg.dir)?;
+        // Before anything is read or written: another mount of this cache would change both.
+        let held = top.lock()?;
         // Caches of older formats (turn 1: one header + data file per source file).
         for old in ["v1"] {
             if top.exists(old) {
@@ -326,6 +335,7 @@ impl CacheStore {
         let cap = NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN);
         let (file, len) = open_log(&dir).map_err(io_err)?;
         let store = CacheStore {
+            lock: Mutex::new(Some(held)),
             dir,
             segdir,
             filedir,
@@ -609,7 +619,7 @@ impl CacheStore {
                 let Some(Some(e)) = inner.entries.get_mut(*id as usize) else {
                     return ok(false);
                 };
-                if *slot >= e.nslots || loc.len == 0 || u64::from(loc.len) > BLOCK_SIZE * 64 {
+                if *slot >= e.nslots || loc.len == 0 || u64::from(loc.len) > MAX_SLOT_BYTES {
                     return ok(false);
                 }
                 let end = u64::from(loc.off4k) * segment::ALIGN + u64::from(loc.len);
@@ -951,7 +961,7 @@ impl CacheStore {
     /// error, entry gone). Storing a slot already stored is a no-op.
     pub fn insert(&self, id: EntryId, slot: u32, data: &[u8]) -> bool {
         let len = data.len() as u64;
-        if len == 0 || len > u64::from(u32::MAX) {
+        if len == 0 || len > MAX_SLOT_BYTES {
             return false;
         }
         let (file, loc) = {
@@ -1274,8 +1284,21 @@ impl CacheStore {
         }
     }
 
-    /// Flushes, and rewrites the log compactly if it is mostly garbage: call at unmount.
+    /// Flushes, rewrites the log compactly if it is mostly garbage, and releases the cache
+    /// directory's lock: call at unmount (nothing may be stored after it).
     pub fn close(&self) -> io::Result<()> {
+        let closed = self.close_log();
+        self.abandon();
+        closed
+    }
+
+    /// Releases the cache directory's lock without writing anything, as a killed process
+    /// would (what the last [`flush`](Self::flush) wrote is all a later open finds).
+    pub fn abandon(&self) {
+        lock(&self.lock).take();
+    }
+
+    fn close_log(&self) -> io::Result<()> {
         self.flush()?;
         let mut inner = lock(&self.inner);
         let (len, garbage) = {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use stagefs_prefetch::store::OPEN_DATA_FILES;
 use stagefs_prefetch::{
-    block_count, block_len, CacheStore, KeyKind, Loaded, Stats, StoreConfig, Version, BLOCK_SIZE,
+    block_count, block_len, CacheError, CacheStore, KeyKind, Loaded, Stats, StoreConfig, Version,
+    BLOCK_SIZE,
 };
 
 const MB: u64 = BLOCK_SIZE;
@@ -196,7 +197,9 @@ fn blocks_cached_after_the_last_flush_are_forgotten_not_corrupt() {
         assert!(s.insert(id, 0, &data[..MB as usize]));
         s.flush().unwrap();
         assert!(s.insert(id, 1, &data[MB as usize..2 * MB as usize]));
-        // Killed here: block 1 is on scratch but not in the index.
+        // Killed here: block 1 is on scratch but not in the index (and the kernel drops the
+        // dead process's lock).
+        s.abandon();
         std::mem::forget(s);
     }
     let (s, loaded, stats) = open(tmp.path(), 1 << 30);
@@ -438,4 +441,64 @@ fn regression_many_small_files_do_not_exhaust_descriptors() {
         "descriptors grew from {before} to {}",
         fds()
     );
+}
+
+#[test]
+fn two_mounts_on_one_cache_the_second_is_refused() {
+    // Issue 22, minor: two mounts sharing a cache directory overwrote each other's blocks.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        dir: tmp.path().to_path_buf(),
+        capacity: 1 << 30,
+    };
+    let (first, _, _) = open(tmp.path(), 1 << 30);
+    let err = CacheStore::open(&cfg, Arc::new(Stats::default()))
+        .err()
+        .expect("a second open of a cache in use was accepted");
+    let me = std::process::id();
+    assert!(
+        matches!(err, CacheError::InUse { pid: Some(p), .. } if p == me),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("in use by another mount") && msg.contains(&format!("pid {me}")),
+        "{msg}"
+    );
+    // Released at close, and by a holder that stops without closing (as a killed one would).
+    first.close().unwrap();
+    let (second, _, _) = open(tmp.path(), 1 << 30);
+    second.abandon();
+    let _third = open(tmp.path(), 1 << 30);
+}
+
+#[test]
+fn large_image_size_slot_survives_a_remount() {
+    // Issue 22, minor: with --image-size >= ~4730 a rendered slot is over 64 MiB, which the
+    // log replay rejected (damaged=true) although insert had stored it.
+    let tmp = tempfile::tempdir().unwrap();
+    let slot = pattern(5, 4800 * 4800 * 3);
+    assert!(slot.len() as u64 > 64 * MB);
+    let size = 2 * slot.len() as u64;
+    {
+        let (s, _, _) = open(tmp.path(), 1 << 30);
+        let id = s.create(
+            KeyKind::View,
+            b".npy/imgs/images.npy",
+            v(size, 9),
+            2,
+            false,
+            3,
+        );
+        assert!(s.insert(id, 1, &slot));
+        s.close().unwrap();
+    }
+    let (s, loaded, _) = open(tmp.path(), 1 << 30);
+    assert_eq!(loaded.entries.len(), 1, "the entry was lost at replay");
+    let e = &loaded.entries[0];
+    assert_eq!(
+        (e.present, loaded.key(e)),
+        (1, &b".npy/imgs/images.npy"[..])
+    );
+    assert!(s.read(e.id, 1).is_some_and(|b| b[..] == slot[..]));
 }
