@@ -257,7 +257,7 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     store.forget(a);
     store.bind(b, 9);
     store.flush()?;
-    let log = std::fs::read(tmp.join("v2/index.log"))?;
+    let log = std::fs::read(tmp.join("v2/cache.log"))?;
     put(out, "index.log", &log)?;
     put(out, "torn.log", &log[..log.len().saturating_sub(7)])?;
     let _ = std::fs::remove_dir_all(&tmp);

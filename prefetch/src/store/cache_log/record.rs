@@ -1,21 +1,8 @@
-//! The cache index: one append-only log of what the cache holds, replayed at mount.
-//!
-//! Every change to the cache is a small self-checking record appended to `index.log`: an entry
-//! created (its key — the source path or view path it caches — and the version of the contents),
-//! a block stored (where, how long, its CRC-32), a block or an entry dropped, an entry rebound
-//! to its owner's node. Records are buffered in memory and appended by [`flush`] every couple
-//! of seconds, so a flush costs what changed, not the whole index; block records are buffered
-//! only after their bytes are written, so a `kill -9` loses at most the blocks cached since the
-//! last flush, never correctness. A remount reads the log once, front to back (tens of MB for a
-//! million files: well under a second), and rebuilds the eviction order from the order blocks
-//! were recorded in. When the log holds mostly garbage (dropped blocks) it is rewritten
-//! compactly to a temporary file and renamed into place.
+//! The cache log's record format.
 //!
 //! Framing: `[len: u16][tag: u8][payload][crc32(tag + payload): u32]`, little-endian. A torn or
 //! corrupt record ends the replay there (the log is truncated to the last good record): the
-//! cache is private and checksummed, so a bad index costs cached blocks, never wrong bytes.
-//!
-//! [`flush`]: crate::store::CacheStore::flush
+//! cache is private and checksummed, so a bad log costs cached blocks, never wrong bytes.
 
 use crate::source::Version;
 
