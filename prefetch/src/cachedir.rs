@@ -206,23 +206,7 @@ impl CacheDir {
     /// Creates a new temporary file `0600` under an unpredictable name starting with `prefix`
     /// (`O_EXCL`: it cannot be a file someone else made). Returns the file and its name.
     pub fn create_temp(&self, prefix: &str) -> io::Result<(File, OsString)> {
-        for _ in 0..16 {
-            let name = OsString::from(format!("{prefix}.{:016x}.tmp", random_u64()?));
-            match rustix::fs::openat(
-                &self.fd,
-                &name,
-                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(FILE_MODE),
-            ) {
-                Ok(fd) => return Ok((File::from(fd), name)),
-                Err(rustix::io::Errno::EXIST) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "no free temporary name after 16 tries",
-        ))
+        create_temp_in(self.fd(), prefix)
     }
 
     /// Renames `from` to `to` inside this directory (atomically replacing `to`).
@@ -320,6 +304,30 @@ impl CacheDir {
             .map_err(io_err)?;
         Ok(file)
     }
+}
+
+/// Creates a new `0600` file named `<prefix>.<16 random hex digits>.tmp` in directory `dir`,
+/// opened read-write: `O_EXCL | O_NOFOLLOW`, so it is never a file someone else made nor
+/// reached through a symlink, and its name cannot be predicted in a shared directory. The one
+/// temporary-file maker of the crate and of the snapshot writer.
+pub fn create_temp_in(dir: BorrowedFd<'_>, prefix: &str) -> io::Result<(File, OsString)> {
+    for _ in 0..16 {
+        let name = OsString::from(format!("{prefix}.{:016x}.tmp", random_u64()?));
+        match rustix::fs::openat(
+            dir,
+            &name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(FILE_MODE),
+        ) {
+            Ok(fd) => return Ok((File::from(fd), name)),
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free temporary name after 16 tries",
+    ))
 }
 
 /// 64 unpredictable bits from the kernel.

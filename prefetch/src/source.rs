@@ -407,33 +407,7 @@ impl Source for LocalSource {
         let file = self.file(rel, version)?;
         let len = len.min(version.size.saturating_sub(offset) as usize);
         let mut buf = BytesMut::with_capacity(len);
-        let mut done = 0;
-        while done < len {
-            let spare = &mut buf.spare_capacity_mut()[..len - done];
-            // SAFETY: `pread` writes at most `spare.len()` bytes into the uninitialised spare
-            // capacity; only the bytes it reports written are then marked initialised.
-            let n = unsafe {
-                libc::pread(
-                    std::os::fd::AsRawFd::as_raw_fd(&*file),
-                    spare.as_mut_ptr().cast(),
-                    spare.len(),
-                    (offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io_err(rel, e));
-            }
-            if n == 0 {
-                break;
-            }
-            // SAFETY: the kernel initialised exactly `n` more bytes.
-            unsafe { buf.set_len(done + n as usize) };
-            done += n as usize;
-        }
+        let done = read_uninit(&file, &mut buf, len, offset).map_err(|e| io_err(rel, e))?;
         // Checked after the read: a change during it must not slip through.
         let st = rustix::fs::fstat(&*file).map_err(|e| errno_err(rel, e))?;
         if Meta::of_stat(&st).version() != version || done < len {
@@ -444,6 +418,42 @@ impl Source for LocalSource {
         }
         Ok(buf.freeze())
     }
+}
+
+/// Reads up to `len` bytes at `off` into the uninitialised capacity of `buf` (fewer only at
+/// end of file); returns how many. The one `pread`-into-spare-capacity loop: source reads and
+/// cache reads both land in fresh memory that is never zeroed first.
+pub fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(len);
+    let mut done = 0;
+    while done < len {
+        let spare = &mut buf.spare_capacity_mut()[..len - done];
+        // SAFETY: pread writes at most `spare.len()` bytes into the spare capacity; only the
+        // bytes it reports written are marked initialised below.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+        done += n as usize;
+    }
+    Ok(done)
 }
 
 /// A `FileExt` read of exactly `buf.len()` bytes (or fewer at end of file).

@@ -38,6 +38,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -45,7 +46,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use rustix::fs::{Mode, OFlags};
-use stagefs_prefetch::cachedir::{random_u64, CacheDir, FILE_MODE};
+use stagefs_prefetch::cachedir::{create_temp_in, CacheDir};
 use stagefs_prefetch::source::FileKind;
 
 use super::tree::{valid_name, Dir, DirState, Fields, Node, Tree, MAX_ERRORS, MAX_NODES, NO_AUX};
@@ -139,7 +140,7 @@ pub(crate) fn save(snap: &Snapshot, path: &Path) -> Result<(), SnapshotError> {
         Mode::empty(),
     )
     .map_err(|e| io_err(e.into()))?;
-    let (file, temp) = create_temp(&dir).map_err(io_err)?;
+    let (file, temp) = create_temp_in(dir.as_fd(), ".stagefs-index").map_err(io_err)?;
     let written = write_file(snap, file).and_then(|()| {
         rustix::fs::renameat(&dir, &temp, &dir, name)?;
         rustix::fs::fsync(&dir)?;
@@ -168,27 +169,6 @@ pub(crate) fn save_to(snap: &Snapshot, dir: &CacheDir, name: &str) -> Result<(),
         return Err(io_err(e));
     }
     Ok(())
-}
-
-/// A new `0600` file with an unpredictable name in `dir` (`O_EXCL`, never through a symlink).
-fn create_temp(dir: &std::os::fd::OwnedFd) -> io::Result<(File, std::ffi::OsString)> {
-    for _ in 0..16 {
-        let name = std::ffi::OsString::from(format!(".stagefs-index.{:016x}.tmp", random_u64()?));
-        match rustix::fs::openat(
-            dir,
-            &name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(FILE_MODE),
-        ) {
-            Ok(fd) => return Ok((File::from(fd), name)),
-            Err(rustix::io::Errno::EXIST) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        "no free temporary name after 16 tries",
-    ))
 }
 
 /// Writes the snapshot into `file` and flushes it to disk.

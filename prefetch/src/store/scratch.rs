@@ -28,7 +28,7 @@ use super::cache_log::append;
 use super::cache_log::record::{EntryId, KeyKind, Loc, Record, OWN_FILE};
 use super::entries::ABSENT;
 use super::{CacheStore, Inner};
-use crate::source::lock;
+use crate::source::{lock, read_uninit};
 use crate::BLOCK_SIZE;
 
 /// Largest segment: 1 GiB keeps the number of segment files (and open descriptors) at about
@@ -289,40 +289,6 @@ impl CacheStore {
         }
         self.release_space(inner, loc.seg, space);
     }
-}
-
-/// Reads `len` bytes at `off` into the uninitialised capacity of `buf`.
-fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    buf.reserve(len);
-    let mut done = 0;
-    while done < len {
-        let spare = &mut buf.spare_capacity_mut()[..len - done];
-        // SAFETY: pread writes at most `spare.len()` bytes into the spare capacity; only the
-        // bytes it reports written are marked initialised below.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                spare.as_mut_ptr().cast(),
-                spare.len(),
-                (off + done as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        // SAFETY: the kernel initialised `n` more bytes.
-        unsafe { buf.set_len(done + n as usize) };
-        done += n as usize;
-    }
-    Ok(done)
 }
 
 #[cfg(test)]
