@@ -1,4 +1,4 @@
-//! The mount's cache index loader (stagefs-prefetch): any bytes as `v2/cache.log` of a cache
+//! The mount's cache log loader (stagefs-prefetch): any bytes as `v2/cache.log` of a cache
 //! directory, then opening the cache and reading every slot it claims to hold. The loader
 //! must never panic, abort or allocate from a size it read without checking it; whatever it
 //! accepts must be served only after the block's checksum verifies (so a read is `None` or
