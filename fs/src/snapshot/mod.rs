@@ -304,11 +304,13 @@ impl Snapshot {
     /// inode, ctime, mtime and size as recorded. A tree regenerated at the same path (removed
     /// and recreated, or its entries replaced) changes at least the root's ctime, which no user
     /// can set back; a kept snapshot that fails this must not be served (the caller lists the
-    /// source again). One `stat` of the root; false if it fails.
+    /// source again). One `stat` of the root (counted in [`ScanStats::requests`]); false if it
+    /// fails.
     pub fn root_unchanged(&self, source: &dyn Source) -> bool {
         let Some(kept) = self.attr(ROOT) else {
             return false;
         };
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         match source.stat(Path::new("")) {
             Ok(now) => now.kind == kept.kind && now.version() == kept.version(),
             Err(_) => false,
