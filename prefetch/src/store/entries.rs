@@ -8,12 +8,16 @@
 //! million paths would cost tens of MB): an entry remembers where its record is in the cache
 //! log, and the key is read back from there when needed.
 //!
-//! [`Loaded`] is what opening the cache found, for the filesystem to bind to its nodes.
+//! [`Loaded`] is what opening the cache found, for the filesystem to bind to its nodes; the
+//! lifecycle methods (`create`, `bind`, `forget`, `contains`, `is_complete`) are here too.
 
-use crate::source::Version;
+use crate::source::{lock, Version};
 use crate::BLOCK_SIZE;
 
-use super::cache_log::record::{self, EntryId, KeyKind, Loc};
+use super::cache_log::append;
+use super::cache_log::record::{self, EntryId, KeyKind, Loc, Record};
+use super::eviction::lru_key;
+use super::{CacheStore, Inner};
 
 /// Largest slot the cache stores: a [`Loc`]'s length is a `u32`. One bound, shared by
 /// [`CacheStore::insert`](super::CacheStore::insert) and the log replay, so whatever is stored
@@ -242,5 +246,97 @@ pub(super) fn slot_bound(kind: KeyKind, size: u64, slots: u32) -> u64 {
         KeyKind::Raw => size.div_ceil(BLOCK_SIZE),
         KeyKind::View if u64::from(slots) <= size.max(1) => u64::from(slots),
         KeyKind::View => u64::MAX,
+    }
+}
+
+/// The entry lifecycle: created by the owner for a path and version, bound to its node,
+/// forgotten when its source changed or nobody owns it.
+impl CacheStore {
+    /// Creates an entry for `key` with contents `version`, `slots` blocks, and `owner` (the
+    /// caller's node id, recorded so a remount on the same snapshot rebinds it at once).
+    /// `own_file`: keep the blocks in an exact copy of the file (large files, passthrough).
+    pub fn create(
+        &self,
+        kind: KeyKind,
+        key: &[u8],
+        version: Version,
+        slots: u32,
+        own_file: bool,
+        owner: u32,
+    ) -> EntryId {
+        let mut inner = lock(&self.inner);
+        let id = inner.entries.len() as EntryId;
+        let mut log = lock(&self.log);
+        let rec_at = log.len + log.pending.len() as u64;
+        record::encode(
+            &Record::Entry {
+                id,
+                kind,
+                own_file,
+                owner,
+                slots,
+                version,
+                key,
+            },
+            &mut log.pending,
+        );
+        drop(log);
+        inner
+            .entries
+            .push(Some(Entry::new(rec_at, kind, own_file, owner, slots)));
+        id
+    }
+
+    /// Records that entry `id` now belongs to node `owner`.
+    pub fn bind(&self, id: EntryId, owner: u32) {
+        let mut inner = lock(&self.inner);
+        let Some(Some(e)) = inner.entries.get_mut(id as usize) else {
+            return;
+        };
+        if e.owner != owner {
+            e.owner = owner;
+            append(&self.log, &Record::Bind { id, owner });
+        }
+    }
+
+    /// Drops entry `id` and everything it caches (its source changed, or nobody owns it).
+    pub fn forget(&self, id: EntryId) {
+        let mut inner = lock(&self.inner);
+        self.forget_locked(&mut inner, id);
+    }
+
+    pub(super) fn forget_locked(&self, inner: &mut Inner, id: EntryId) {
+        let Some(e) = inner.entries.get(id as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        if e.pins > 0 {
+            return;
+        }
+        for (slot, _) in e.locs() {
+            inner.evict.remove(lru_key(id, slot));
+            self.drop_block(inner, id, slot, false);
+        }
+        if let Some(slot) = inner.entries.get_mut(id as usize) {
+            *slot = None;
+        }
+        append(&self.log, &Record::DropEntry { id });
+    }
+
+    /// Whether slot `slot` of entry `id` is stored.
+    pub fn contains(&self, id: EntryId, slot: u32) -> bool {
+        lock(&self.inner)
+            .entries
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.loc(slot).is_some())
+    }
+
+    /// Whether every slot of entry `id` is stored.
+    pub fn is_complete(&self, id: EntryId) -> bool {
+        lock(&self.inner)
+            .entries
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(Entry::complete)
     }
 }

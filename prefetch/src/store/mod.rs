@@ -4,7 +4,7 @@
 //!
 //! Where things are:
 //! - `store/entries.rs`: the entry table — what is cached, under which key and
-//!   [`Version`], in which slots.
+//!   [`Version`](crate::Version), in which slots.
 //! - [`cache_log`]: the append-only cache log on disk (records, replay at open, compaction, the
 //!   read window). Not to be confused with the filesystem's metadata snapshot file.
 //! - [`scratch`]: where bytes live on disk — packed segments and own files, the
@@ -45,7 +45,7 @@ use tracing::warn;
 
 use crate::cachedir::CacheDir;
 use crate::error::CacheError;
-use crate::source::{lock, Version};
+use crate::source::lock;
 use crate::stats::Stats;
 
 pub mod cache_log;
@@ -55,7 +55,7 @@ pub mod scratch;
 
 use cache_log::record::{self, EntryId, KeyKind, Loc, Record};
 use cache_log::{append, open_log, Log, OLD_LOG_FILE};
-use entries::{Entries, Entry};
+use entries::Entries;
 pub use entries::{Loaded, LoadedEntry, MAX_SLOT_BYTES};
 use eviction::{lru_key, Eviction};
 pub use scratch::verify_block;
@@ -202,94 +202,6 @@ impl CacheStore {
         inner.snapshot = id;
         let log = lock(&self.log);
         log.file.write_all_at(&record::header(id), 0)
-    }
-
-    /// Creates an entry for `key` with contents `version`, `slots` blocks, and `owner` (the
-    /// caller's node id, recorded so a remount on the same snapshot rebinds it at once).
-    /// `own_file`: keep the blocks in an exact copy of the file (large files, passthrough).
-    pub fn create(
-        &self,
-        kind: KeyKind,
-        key: &[u8],
-        version: Version,
-        slots: u32,
-        own_file: bool,
-        owner: u32,
-    ) -> EntryId {
-        let mut inner = lock(&self.inner);
-        let id = inner.entries.len() as EntryId;
-        let mut log = lock(&self.log);
-        let rec_at = log.len + log.pending.len() as u64;
-        record::encode(
-            &Record::Entry {
-                id,
-                kind,
-                own_file,
-                owner,
-                slots,
-                version,
-                key,
-            },
-            &mut log.pending,
-        );
-        drop(log);
-        inner
-            .entries
-            .push(Some(Entry::new(rec_at, kind, own_file, owner, slots)));
-        id
-    }
-
-    /// Records that entry `id` now belongs to node `owner`.
-    pub fn bind(&self, id: EntryId, owner: u32) {
-        let mut inner = lock(&self.inner);
-        let Some(Some(e)) = inner.entries.get_mut(id as usize) else {
-            return;
-        };
-        if e.owner != owner {
-            e.owner = owner;
-            append(&self.log, &Record::Bind { id, owner });
-        }
-    }
-
-    /// Drops entry `id` and everything it caches (its source changed, or nobody owns it).
-    pub fn forget(&self, id: EntryId) {
-        let mut inner = lock(&self.inner);
-        self.forget_locked(&mut inner, id);
-    }
-
-    fn forget_locked(&self, inner: &mut Inner, id: EntryId) {
-        let Some(e) = inner.entries.get(id as usize).and_then(Option::as_ref) else {
-            return;
-        };
-        if e.pins > 0 {
-            return;
-        }
-        for (slot, _) in e.locs() {
-            inner.evict.remove(lru_key(id, slot));
-            self.drop_block(inner, id, slot, false);
-        }
-        if let Some(slot) = inner.entries.get_mut(id as usize) {
-            *slot = None;
-        }
-        append(&self.log, &Record::DropEntry { id });
-    }
-
-    /// Whether slot `slot` of entry `id` is stored.
-    pub fn contains(&self, id: EntryId, slot: u32) -> bool {
-        lock(&self.inner)
-            .entries
-            .get(id as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|e| e.loc(slot).is_some())
-    }
-
-    /// Whether every slot of entry `id` is stored.
-    pub fn is_complete(&self, id: EntryId) -> bool {
-        lock(&self.inner)
-            .entries
-            .get(id as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(Entry::complete)
     }
 
     /// Slot `slot` of entry `id`, if stored and intact: read once from scratch into fresh
