@@ -303,8 +303,8 @@ impl Views {
         self.snapshot.attr(node)
     }
 
-    /// A hash of every input of view directory `dir` (names, sizes, mtimes, ctimes, inodes) and the
-    /// render options: the cache key part that changes when any input does.
+    /// A hash of every input of view directory `dir` (names, sizes, mtimes, ctimes, inodes) and
+    /// the render options: the cache key part that changes when any input does.
     fn generation(&self, dir: &Path) -> i64 {
         let mut h = StableHasher::default();
         h.write_u64(self.options_hash);

@@ -229,7 +229,7 @@ fn tables(pq: &Path, csv: &Path, clean: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Index logs written by the real store: a few entries (small, multi-block, own-file), blocks,
+/// Cache logs written by the real store: a few entries (small, multi-block, own-file), blocks,
 /// a drop, a rebind; and a torn one.
 fn cache_index(out: &Path) -> std::io::Result<()> {
     use stagefs_prefetch::{CacheStore, KeyKind, Stats, StoreConfig, Version};
@@ -258,7 +258,7 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     store.bind(b, 9);
     store.flush()?;
     let log = std::fs::read(tmp.join("v2/cache.log"))?;
-    put(out, "index.log", &log)?;
+    put(out, "cache.log", &log)?;
     put(out, "torn.log", &log[..log.len().saturating_sub(7)])?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
