@@ -213,7 +213,8 @@ impl CacheStore {
             inner.evict.touch(lru_key(id, slot));
             loc
         };
-        if let Some(bytes) = self.read_block(loc) {
+        let (file, off) = self.locate(loc)?;
+        if let Some(bytes) = scratch::read_verified(&file, off, loc) {
             return Some(bytes);
         }
         // Evicted (hole punched) while we read? Only a block still listed is corrupt.

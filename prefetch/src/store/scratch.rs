@@ -89,17 +89,16 @@ pub fn verify_block(data: &[u8], loc: Loc) -> bool {
     data.len() == loc.len as usize && crc32fast::hash(data) == loc.crc
 }
 
-impl CacheStore {
-    /// The bytes of `loc` read back from scratch into fresh (uninitialised) memory, if they
-    /// are all there and pass [`verify_block`].
-    pub(super) fn read_block(&self, loc: Loc) -> Option<Bytes> {
-        let (file, off) = self.locate(loc)?;
-        let len = loc.len as usize;
-        let mut buf = BytesMut::with_capacity(len);
-        let n = read_uninit(&file, &mut buf, len, off).ok()?;
-        (n == len && verify_block(&buf, loc)).then(|| buf.freeze())
-    }
+/// The bytes of block `loc`, at `off` in `file`, read back from scratch into fresh
+/// (uninitialised) memory, if they are all there and pass [`verify_block`].
+pub(super) fn read_verified(file: &File, off: u64, loc: Loc) -> Option<Bytes> {
+    let len = loc.len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    let n = read_uninit(file, &mut buf, len, off).ok()?;
+    (n == len && verify_block(&buf, loc)).then(|| buf.freeze())
+}
 
+impl CacheStore {
     pub(super) fn seg_file(&self, n: u32) -> Option<Arc<File>> {
         self.seg_files
             .read()
