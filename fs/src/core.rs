@@ -44,7 +44,7 @@ use crate::views::{OpenView, Views};
 /// Files after an opened small file that are fetched ahead (about 3 MB of 100 KB images: a
 /// DataLoader batch or two, enough to hide per-file latency without flooding the queue).
 pub const CROSS_FILE_COUNT: usize = 32;
-/// Interval between flushes of the cache index, bounding what a killed daemon forgets.
+/// Interval between flushes of the cache log, bounding what a killed daemon forgets.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(2);
 /// Name of the snapshot persisted in the cache directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
@@ -226,7 +226,7 @@ impl FsCore {
             dir: cfg.cache_dir.clone(),
             capacity: cfg.cache_size,
         };
-        // The directory first (created and checked once), then the cache index replays on one
+        // The directory first (created and checked once), then the cache log replays on one
         // thread while the snapshot loads on this one: a remount with a million cached files is
         // both, on different files, and each is a second of CPU.
         let dir = CacheDir::open(&cfg.cache_dir)?.subdir(FORMAT_DIR)?;
@@ -286,7 +286,7 @@ impl FsCore {
         }
         if !cfg.rescan && dir.exists(SNAPSHOT_FILE) {
             match Snapshot::load_from(dir, SNAPSHOT_FILE) {
-                Ok(s) if s.source_root() == cfg.source => {
+                Ok(s) if s.source_root() == cfg.source && s.root_unchanged(&*source) => {
                     info!(
                         nodes = s.len(),
                         "serving the snapshot kept in the cache (no listing)"
@@ -294,7 +294,10 @@ impl FsCore {
                     s.attach_source(source);
                     return Ok((s, "cache"));
                 }
-                Ok(_) => info!("the cache's snapshot is of another source: listing again"),
+                Ok(_) => info!(
+                    "the cache's snapshot is of another source, or the source root changed since \
+                     (a regenerated tree): listing again"
+                ),
                 Err(e) => warn!(error = %e, "the cache's snapshot is unusable: listing again"),
             }
         }
@@ -334,7 +337,7 @@ impl FsCore {
                     std::thread::sleep(Duration::from_millis(100));
                     if last.elapsed() >= FLUSH_INTERVAL && !stop.load(Relaxed) {
                         if let Err(e) = store.flush() {
-                            warn!(error = %e, "writing the cache index failed (will retry)");
+                            warn!(error = %e, "writing the cache log failed (will retry)");
                         }
                         last = Instant::now();
                     }
@@ -409,7 +412,7 @@ impl FsCore {
         }
     }
 
-    /// Stops background work and writes the cache index; call after the session ends.
+    /// Stops background work and writes the cache log; call after the session ends.
     pub fn shutdown(&self) {
         self.stop.store(true, Relaxed);
         // The sink holds a descriptor of the FUSE session: let it go with the session.
@@ -422,11 +425,11 @@ impl FsCore {
             let _ = t.join();
         }
         if let Err(e) = self.store.close() {
-            warn!(error = %e, "could not write the cache index at unmount");
+            warn!(error = %e, "could not write the cache log at unmount");
         }
     }
 
-    /// Stops background work *without* writing the cache index, as a killed daemon would
+    /// Stops background work *without* writing the cache log, as a killed daemon would
     /// (what the last flush wrote is all a later mount finds). For crash tests.
     pub fn abandon(&self) {
         self.stop.store(true, Relaxed);
@@ -437,6 +440,7 @@ impl FsCore {
         for t in threads {
             let _ = t.join();
         }
+        self.store.abandon();
     }
 
     /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.

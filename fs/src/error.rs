@@ -115,6 +115,7 @@ impl FsError {
             FsError::Snapshot(e) => snapshot_errno(e),
             FsError::IndexMismatch { .. } => libc::EINVAL,
             FsError::Cache(CacheError::Unsafe { .. }) => libc::EACCES,
+            FsError::Cache(CacheError::InUse { .. }) => libc::EBUSY,
             FsError::Cache(CacheError::Dir { source, .. }) => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }

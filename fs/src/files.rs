@@ -510,7 +510,7 @@ impl Files {
             }
         }
         if let Err(e) = self.store().set_snapshot(self.snapshot.id()) {
-            warn!(error = %e, "could not record the snapshot in the cache index");
+            warn!(error = %e, "could not record the snapshot in the cache log");
         }
         info!(bound, dropped, "cache entries bound to the snapshot");
         views

@@ -303,8 +303,8 @@ impl Views {
         self.snapshot.attr(node)
     }
 
-    /// A hash of every input of view directory `dir` (names, sizes, mtimes, inodes) and the
-    /// render options: the cache key part that changes when any input does.
+    /// A hash of every input of view directory `dir` (names, sizes, mtimes, ctimes, inodes) and
+    /// the render options: the cache key part that changes when any input does.
     fn generation(&self, dir: &Path) -> i64 {
         let mut h = StableHasher::default();
         h.write_u64(self.options_hash);
@@ -318,6 +318,7 @@ impl Views {
             if let Some(a) = self.snapshot.attr(n) {
                 h.write_u64(a.size);
                 h.write_i64(a.mtime_ns);
+                h.write_i64(a.ctime_ns);
                 h.write_u64(a.ino);
                 if a.kind == FileKind::Dir {
                     let _ = self.snapshot.read_dir(n, 0, |_, id, name, _| {
@@ -338,6 +339,7 @@ impl Views {
         let version = Version {
             size: units.len,
             mtime_ns: self.generation(rel.parent().unwrap_or(Path::new(""))),
+            ctime_ns: 0,
             ino: 0,
         };
         let key = rel.to_path_buf();

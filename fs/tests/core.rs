@@ -96,10 +96,15 @@ fn remount_lists_nothing_and_serves_from_the_cache() {
         read(&c, &rel(p), 0, 20 << 20, 1 << 20).unwrap();
     }
     assert_eq!(names(&c, &rel("d"), 100).unwrap().len(), 3);
+    // One stat, of the root (is it still the tree the kept snapshot is of?), and no listing.
     assert_eq!(
-        s2.metadata_calls(),
-        0,
-        "a remount listed or statted the source"
+        (
+            s2.stats.load(SeqCst),
+            s2.lists.load(SeqCst),
+            s2.links.load(SeqCst)
+        ),
+        (1, 0, 0),
+        "a remount listed or statted the source beyond its root"
     );
     assert_eq!(s2.reads.load(SeqCst), 0, "a remount re-read cached data");
     c.shutdown();
@@ -152,6 +157,98 @@ fn file_changed_since_the_snapshot_fails_with_estale_never_other_bytes() {
         stats.contains("changed on the source since the snapshot"),
         "{stats}"
     );
+    c.shutdown();
+}
+
+/// Rewrites `path` in place (same inode, same size) with `data`, then sets its mtime back to
+/// what it was, as `touch -r` would: only the ctime tells the new contents from the old.
+fn rewrite_in_place_keeping_size_and_mtime(path: &std::path::Path, data: &[u8]) {
+    use std::io::Write;
+    let before = fs::symlink_metadata(path).unwrap();
+    assert_eq!(before.len(), data.len() as u64);
+    // The ctime clock must move past the original's (coarse on some filesystems).
+    std::thread::sleep(Duration::from_millis(20));
+    let mut f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all(data).unwrap();
+    f.set_modified(before.modified().unwrap()).unwrap();
+    drop(f);
+    let after = fs::symlink_metadata(path).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (after.ino(), after.len(), after.modified().unwrap()),
+        (before.ino(), before.len(), before.modified().unwrap()),
+        "the rewrite must keep inode, size and mtime"
+    );
+}
+
+#[test]
+fn bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite() {
+    // Issue 22 item 3: read the first 4 KiB (cached), unmount, rewrite in place with other
+    // bytes of the same size and restore the mtime, remount: the old cached block and the new
+    // source blocks must never be served together.
+    let (_t, src, cache) = setup();
+    let len = (3 << 20) + 777;
+    let (c, _) = mount(config(&src, &cache));
+    assert_eq!(
+        read(&c, &rel("big"), 0, 4096, 4096).unwrap(),
+        &pattern(2, len)[..4096]
+    );
+    c.shutdown();
+    let new = pattern(77, len);
+    rewrite_in_place_keeping_size_and_mtime(&src.join("big"), &new);
+    let (c, _) = mount(config(&src, &cache));
+    match read(&c, &rel("big"), 0, len as u64, 128 << 10) {
+        Ok(got) => assert!(got == new, "a remount served bytes that never existed"),
+        Err(e) => assert_eq!(e.errno(), libc::ESTALE, "{e:?}"),
+    }
+    c.shutdown();
+    // With a fresh listing the new version is served whole.
+    let mut cfg = config(&src, &cache);
+    cfg.rescan = true;
+    let (c, _) = mount(cfg);
+    assert!(read(&c, &rel("big"), 0, len as u64, 128 << 10).unwrap() == new);
+    c.shutdown();
+}
+
+#[test]
+fn bytes_that_never_existed_after_a_remount_regenerated_tree_at_the_same_path() {
+    // Issue 22 item 3: the tree at the source path is removed and generated again (same
+    // names, same sizes, mtimes set back); the remount must serve the new tree, not the kept
+    // snapshot and its cached bytes.
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    for p in ["d/x.txt", "d/e/small.bin", "big"] {
+        read(&c, &rel(p), 0, 20 << 20, 1 << 20).unwrap();
+    }
+    c.shutdown();
+    let mtimes: Vec<_> = ["d/x.txt", "d/e/small.bin", "big"]
+        .iter()
+        .map(|p| fs::metadata(src.join(p)).unwrap().modified().unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    fs::remove_dir_all(&src).unwrap();
+    fs::create_dir_all(src.join("d/e")).unwrap();
+    let regenerated = [
+        ("d/x.txt", b"HELLO WORLD".to_vec()),
+        ("d/e/small.bin", pattern(11, 150_000)),
+        ("big", pattern(12, (3 << 20) + 777)),
+    ];
+    for ((p, data), mtime) in regenerated.iter().zip(&mtimes) {
+        let f = fs::File::create(src.join(p)).unwrap();
+        std::io::Write::write_all(&mut &f, data).unwrap();
+        f.set_modified(*mtime).unwrap();
+    }
+    fs::write(src.join("new.txt"), b"only in the new tree").unwrap();
+    let (c, _) = mount(config(&src, &cache));
+    for (p, data) in &regenerated {
+        let got = read(&c, &rel(p), 0, 20 << 20, 1 << 20).unwrap();
+        assert!(&got == data, "{p}: the remount served the old tree's bytes");
+    }
+    assert_eq!(
+        read(&c, &rel("new.txt"), 0, 100, 100).unwrap(),
+        b"only in the new tree"
+    );
+    assert!(matches!(lookup(&c, &rel("large")), Err(FsError::NotFound)));
     c.shutdown();
 }
 
@@ -303,4 +400,28 @@ fn remembered_blocks_stay_within_their_budget_however_many_files_are_read() {
         held <= stagefs_fs::files::MEMO_BUDGET,
         "{held} bytes remembered for {files} files"
     );
+}
+
+#[test]
+fn two_mounts_on_one_cache_the_second_is_refused() {
+    // Issue 22, minor: two mounts sharing one cache directory overwrote each other's blocks.
+    let (tmp, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let other = tmp.path().join("src2");
+    tree(&other);
+    let err = stagefs_fs::FsCore::with_source(config(&other, &cache), Counting::new(&other))
+        .err()
+        .expect("a second mount of a cache in use was accepted");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("in use by another mount")
+            && msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    assert_eq!(err.errno(), libc::EBUSY);
+    c.shutdown();
+    // Free again once the first is unmounted.
+    let (c, _) = mount(config(&other, &cache));
+    assert_eq!(read(&c, &rel("d/x.txt"), 0, 5, 5).unwrap(), b"hello");
+    c.shutdown();
 }

@@ -124,6 +124,7 @@ impl SyntheticSource {
             gid: 100,
             size: i * 7,
             mtime_ns: 1_700_000_000_000_000_000 + i as i64,
+            ctime_ns: 1_700_000_000_000_000_000 + 2 * i as i64,
             ino: 10 + i,
             nlink: 1,
             rdev: 0,
@@ -268,6 +269,7 @@ fn assert_matches_std(s: &Snapshot, root: &Path) {
             gid: m.gid(),
             size: m.size(),
             mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
             ino: m.ino(),
             nlink: m.nlink() as u32,
             rdev: 0,
@@ -693,6 +695,9 @@ fn every_truncation_of_a_file_is_rejected() {
     assert!(out == bytes);
 }
 
+/// Size of a node record in the snapshot file (persist.rs's docs).
+const NODE_LEN: usize = 46;
+
 /// Byte offsets of the sections, read from the header (layout in persist.rs's docs).
 struct Layout {
     nodes: usize,
@@ -706,7 +711,7 @@ fn layout(b: &[u8]) -> Layout {
     let nodes = 128 + root_len + n_owners * 8;
     Layout {
         nodes,
-        names: nodes + n_nodes * 38,
+        names: nodes + n_nodes * NODE_LEN,
         n_nodes,
     }
 }
@@ -732,17 +737,20 @@ fn hostile_files_with_valid_checksums_are_rejected() {
     reject("huge names length", &|b| {
         b[56..64].copy_from_slice(&u64::MAX.to_le_bytes())
     });
-    reject("invalid kind", &|b| b[l.nodes + 38] = 9);
+    reject("invalid kind", &|b| b[l.nodes + NODE_LEN] = 9);
     reject("root not a directory", &|b| b[l.nodes] = 0);
-    reject("flags set", &|b| b[l.nodes + 38 + 1] = 1);
+    reject("flags set", &|b| b[l.nodes + NODE_LEN + 1] = 1);
     // The first entry's name (all names are at least one byte): make it "/", then "..".
-    let first_len =
-        u16::from_le_bytes(good[l.nodes + 38 + 4..l.nodes + 38 + 6].try_into().unwrap());
+    let first_len = u16::from_le_bytes(
+        good[l.nodes + NODE_LEN + 4..l.nodes + NODE_LEN + 6]
+            .try_into()
+            .unwrap(),
+    );
     let r = reject("slash in a name", &|b| b[l.names] = b'/');
     assert!(r.contains("invalid name"), "{r}");
     // Give the first name two bytes, "..", and the second the rest (the lengths still add up).
     let r = reject("dot-dot name", &|b| {
-        let len_at = |i: usize| l.nodes + 38 * i + 4;
+        let len_at = |i: usize| l.nodes + NODE_LEN * i + 4;
         let second_len = u16::from_le_bytes(b[len_at(2)..len_at(2) + 2].try_into().unwrap());
         b[len_at(1)..len_at(1) + 2].copy_from_slice(&2u16.to_le_bytes());
         b[len_at(2)..len_at(2) + 2].copy_from_slice(&(first_len + second_len - 2).to_le_bytes());
@@ -878,8 +886,10 @@ fn revalidate_sees_a_changed_file_and_new_and_removed_entries() {
     assert_eq!(s.lookup(a, OsStr::new("w")).unwrap(), None);
 
     // What revalidation learned is saved, and is the source as it is now (the removal of `w`
-    // touched the directory's mtime again: put it back to what was revalidated).
+    // touched the directory's mtime again: put it back to what was revalidated; its ctime
+    // cannot be put back, so the directory is revalidated once more).
     set_mtime(&root.join("a"), 1_600_000_100, 0);
+    s.revalidate(a, Duration::ZERO).unwrap();
     let file = tmp.path().join("index");
     s.save(&file).unwrap();
     let loaded = Snapshot::load(&file).unwrap();

@@ -1,4 +1,4 @@
-//! The mount's cache index loader (stagefs-prefetch): any bytes as `v2/index.log` of a cache
+//! The mount's cache log loader (stagefs-prefetch): any bytes as `v2/cache.log` of a cache
 //! directory, then opening the cache and reading every slot it claims to hold. The loader
 //! must never panic, abort or allocate from a size it read without checking it; whatever it
 //! accepts must be served only after the block's checksum verifies (so a read is `None` or
@@ -34,7 +34,7 @@ fn dir() -> &'static PathBuf {
 
 fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     let dir = dir();
-    std::fs::write(dir.join("v2/index.log"), data).expect("write the index");
+    std::fs::write(dir.join("v2/cache.log"), data).expect("write the index");
     let cfg = StoreConfig {
         dir: dir.clone(),
         capacity: 64 << 20,

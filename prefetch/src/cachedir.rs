@@ -206,23 +206,7 @@ impl CacheDir {
     /// Creates a new temporary file `0600` under an unpredictable name starting with `prefix`
     /// (`O_EXCL`: it cannot be a file someone else made). Returns the file and its name.
     pub fn create_temp(&self, prefix: &str) -> io::Result<(File, OsString)> {
-        for _ in 0..16 {
-            let name = OsString::from(format!("{prefix}.{:016x}.tmp", random_u64()?));
-            match rustix::fs::openat(
-                &self.fd,
-                &name,
-                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(FILE_MODE),
-            ) {
-                Ok(fd) => return Ok((File::from(fd), name)),
-                Err(rustix::io::Errno::EXIST) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "no free temporary name after 16 tries",
-        ))
+        create_temp_in(self.fd(), prefix)
     }
 
     /// Renames `from` to `to` inside this directory (atomically replacing `to`).
@@ -285,6 +269,65 @@ impl CacheDir {
     pub fn sync(&self) -> io::Result<()> {
         Ok(rustix::fs::fsync(&self.fd)?)
     }
+}
+
+/// Name of the lock file in the cache directory (see [`CacheDir::lock`]).
+pub const LOCK_FILE: &str = "lock";
+
+impl CacheDir {
+    /// Takes the cache's exclusive lock: `flock` on [`LOCK_FILE`] (created `0600`), held until
+    /// the returned file is dropped or its process dies (so a killed daemon never leaves a stale
+    /// lock). Two mounts sharing one cache would overwrite each other's blocks and log, so the
+    /// second is refused, naming the holder's pid, which the holder writes into the file.
+    pub fn lock(&self) -> Result<File, CacheError> {
+        use std::io::{Read, Write};
+        let io_err = |source: io::Error| CacheError::Dir {
+            path: self.path.clone(),
+            source,
+        };
+        let mut file = self.open_rw(LOCK_FILE, true).map_err(io_err)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                // The pid is a hint for the message: a few bytes, parsed or ignored.
+                let mut text = String::new();
+                let _ = (&file).take(32).read_to_string(&mut text);
+                return Err(CacheError::InUse {
+                    path: self.path.clone(),
+                    pid: text.trim().parse().ok(),
+                });
+            }
+            Err(e) => return Err(io_err(e.into())),
+        }
+        file.set_len(0).map_err(io_err)?;
+        file.write_all(format!("{}\n", std::process::id()).as_bytes())
+            .map_err(io_err)?;
+        Ok(file)
+    }
+}
+
+/// Creates a new `0600` file named `<prefix>.<16 random hex digits>.tmp` in directory `dir`,
+/// opened read-write: `O_EXCL | O_NOFOLLOW`, so it is never a file someone else made nor
+/// reached through a symlink, and its name cannot be predicted in a shared directory. The one
+/// temporary-file maker of the crate and of the snapshot writer.
+pub fn create_temp_in(dir: BorrowedFd<'_>, prefix: &str) -> io::Result<(File, OsString)> {
+    for _ in 0..16 {
+        let name = OsString::from(format!("{prefix}.{:016x}.tmp", random_u64()?));
+        match rustix::fs::openat(
+            dir,
+            &name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(FILE_MODE),
+        ) {
+            Ok(fd) => return Ok((File::from(fd), name)),
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free temporary name after 16 tries",
+    ))
 }
 
 /// 64 unpredictable bits from the kernel.

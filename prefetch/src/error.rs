@@ -59,6 +59,14 @@ pub enum CacheError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Another live process holds the cache directory's lock (another mount of it).
+    #[error("cache directory {path} is in use by another mount{}: two mounts sharing one cache would overwrite each other's blocks; give this mount its own --cache, or unmount the other first", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    InUse {
+        /// The directory.
+        path: PathBuf,
+        /// The holder's pid, as it recorded it.
+        pid: Option<u32>,
+    },
     /// Writing a block or header failed (e.g. scratch full).
     #[error("writing the cache: {0}")]
     Write(#[source] io::Error),

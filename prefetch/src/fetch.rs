@@ -36,9 +36,9 @@ use bytes::Bytes;
 use tracing::{debug, debug_span, warn};
 
 use crate::error::SourceError;
-use crate::index::EntryId;
 use crate::source::{lock, Source, Version};
 use crate::stats::Stats;
+use crate::store::cache_log::record::EntryId;
 use crate::store::CacheStore;
 use crate::{block_len, BLOCK_SIZE};
 

@@ -1,6 +1,6 @@
 //! A hash that is stable across builds, Rust versions and machines (std's `DefaultHasher` is
 //! not promised to be): FNV-1a, 64 bit. Used where a hash names something persistent — a
-//! view's generation in the cache index, a default cache directory.
+//! view's generation in the cache log, a default cache directory.
 
 use std::hash::Hasher;
 

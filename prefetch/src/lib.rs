@@ -1,10 +1,10 @@
 //! The scratch cache and the machinery that fills it.
 //!
 //! - [`cachedir`]: the private cache directory (0700/0600, owner-checked, no symlinks followed).
-//! - [`store`]: the on-disk cache: entries under typed keys, checksummed blocks returned as
-//!   `Bytes`, capacity; large files as exact copies (for passthrough), small ones packed in
-//!   [`segment`] files; everything recorded in one append-only [`index`] log.
-//! - [`eviction`]: the capacity limit and least-recently-used block eviction.
+//! - [`store`]: **the cache** on scratch: entries under typed keys, checksummed blocks returned
+//!   as `Bytes`, capacity and least-recently-used eviction; large files as exact copies (for
+//!   passthrough), small ones packed in segment files; everything recorded in one append-only
+//!   [cache log](store::cache_log). Its module docs say which file does what.
 //! - [`fetch`]: the fetch scheduler: demand reads on the caller's thread, read-ahead and staging
 //!   on a worker pool with many requests in flight, in-flight de-duplication.
 //! - [`readahead`]: per-handle sequential detection with a growing window.
@@ -15,12 +15,9 @@
 
 pub mod cachedir;
 pub mod error;
-pub mod eviction;
 pub mod fetch;
 pub mod hash;
-pub mod index;
 pub mod readahead;
-pub mod segment;
 pub mod source;
 pub mod staging;
 pub mod stats;
@@ -28,9 +25,9 @@ pub mod store;
 
 pub use error::{CacheError, SourceError};
 pub use fetch::{FetchConfig, Fetched, Fetcher, Priority, Want};
-pub use index::{EntryId, KeyKind};
 pub use source::{FileKind, LocalSource, Meta, Source, Version};
 pub use stats::{Stats, StatsSnapshot};
+pub use store::cache_log::record::{EntryId, KeyKind};
 pub use store::{CacheStore, Loaded, LoadedEntry, StoreConfig};
 
 /// Size of a cache block: 1 MiB matches the largest FUSE read request (256 pages) and the stripe

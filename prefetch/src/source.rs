@@ -4,10 +4,12 @@
 //! `readlink` for the metadata snapshot, and `read_at` for data. Tests implement it to make
 //! any operation slow, failing or changing; [`LocalSource`] is the real one.
 //!
-//! Every data read names the [`Version`] (size, mtime, inode) the snapshot recorded; the source
-//! checks it against the *open descriptor* (`fstat`, one call, no path lookup) after reading, so
-//! a file replaced or rewritten since the snapshot is reported as [`SourceError::Changed`] and
-//! never served mixed or stale.
+//! Every data read names the [`Version`] (size, mtime, ctime, inode) the snapshot recorded; the
+//! source checks it against the *open descriptor* (`fstat`, one call, no path lookup) after
+//! reading, so a file replaced or rewritten since the snapshot is reported as
+//! [`SourceError::Changed`] and never served mixed or stale. The ctime is what makes this hold
+//! against a user: size and mtime can be set back (`touch -r`, `utimensat`) after an in-place
+//! rewrite, but every write, `utimensat` and `chmod` sets the ctime to the current time.
 //!
 //! [`LocalSource`] never leaves the source directory: paths are resolved beneath the root's
 //! descriptor with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (so a directory swapped for
@@ -97,12 +99,17 @@ pub struct Version {
     pub size: u64,
     /// Modification time, nanoseconds since the epoch.
     pub mtime_ns: i64,
+    /// Status change time, nanoseconds since the epoch: unlike the mtime, no user can set it
+    /// back, so an in-place rewrite whose size and mtime were restored still changes it.
+    pub ctime_ns: i64,
     /// Inode number on the source (a file replaced by another of the same size and mtime is
     /// still a different file).
     pub ino: u64,
 }
 
-/// Metadata of one source entry, as `lstat` reports it (symlinks are not followed).
+/// Metadata of one source entry, as `lstat` reports it (symlinks are not followed). The
+/// filesystem's snapshot keeps exactly these fields per node (`stagefs_fs::snapshot::NodeAttr`
+/// is this type).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
     /// Type.
@@ -117,11 +124,13 @@ pub struct Meta {
     pub size: u64,
     /// Modification time, nanoseconds since the epoch.
     pub mtime_ns: i64,
+    /// Status change time, nanoseconds since the epoch (see [`Version::ctime_ns`]).
+    pub ctime_ns: i64,
     /// Inode number on the source.
     pub ino: u64,
     /// Hard links.
     pub nlink: u32,
-    /// Device number, for device nodes.
+    /// Device number, for device nodes (0 otherwise).
     pub rdev: u64,
 }
 
@@ -131,10 +140,8 @@ impl Version {
         use std::os::unix::fs::MetadataExt;
         Version {
             size: meta.size(),
-            mtime_ns: meta
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(meta.mtime_nsec()),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
             ino: meta.ino(),
         }
     }
@@ -146,6 +153,7 @@ impl Meta {
         Version {
             size: self.size,
             mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
             ino: self.ino,
         }
     }
@@ -158,15 +166,18 @@ impl Meta {
             uid: st.st_uid,
             gid: st.st_gid,
             size: u64::try_from(st.st_size).unwrap_or(0),
-            mtime_ns: st
-                .st_mtime
-                .saturating_mul(1_000_000_000)
-                .saturating_add(st.st_mtime_nsec as i64),
+            mtime_ns: ns(st.st_mtime, st.st_mtime_nsec as i64),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec as i64),
             ino: st.st_ino,
             nlink: st.st_nlink as u32,
             rdev: st.st_rdev,
         }
     }
+}
+
+/// A `stat` time (seconds and nanoseconds) as nanoseconds since the epoch, saturating.
+fn ns(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
 /// A name in a directory listing, with the type the directory reports (if it does).
@@ -396,33 +407,7 @@ impl Source for LocalSource {
         let file = self.file(rel, version)?;
         let len = len.min(version.size.saturating_sub(offset) as usize);
         let mut buf = BytesMut::with_capacity(len);
-        let mut done = 0;
-        while done < len {
-            let spare = &mut buf.spare_capacity_mut()[..len - done];
-            // SAFETY: `pread` writes at most `spare.len()` bytes into the uninitialised spare
-            // capacity; only the bytes it reports written are then marked initialised.
-            let n = unsafe {
-                libc::pread(
-                    std::os::fd::AsRawFd::as_raw_fd(&*file),
-                    spare.as_mut_ptr().cast(),
-                    spare.len(),
-                    (offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(io_err(rel, e));
-            }
-            if n == 0 {
-                break;
-            }
-            // SAFETY: the kernel initialised exactly `n` more bytes.
-            unsafe { buf.set_len(done + n as usize) };
-            done += n as usize;
-        }
+        let done = read_uninit(&file, &mut buf, len, offset).map_err(|e| io_err(rel, e))?;
         // Checked after the read: a change during it must not slip through.
         let st = rustix::fs::fstat(&*file).map_err(|e| errno_err(rel, e))?;
         if Meta::of_stat(&st).version() != version || done < len {
@@ -433,6 +418,42 @@ impl Source for LocalSource {
         }
         Ok(buf.freeze())
     }
+}
+
+/// Reads up to `len` bytes at `off` into the uninitialised capacity of `buf` (fewer only at
+/// end of file); returns how many. The one `pread`-into-spare-capacity loop: source reads and
+/// cache reads both land in fresh memory that is never zeroed first.
+pub fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(len);
+    let mut done = 0;
+    while done < len {
+        let spare = &mut buf.spare_capacity_mut()[..len - done];
+        // SAFETY: pread writes at most `spare.len()` bytes into the spare capacity; only the
+        // bytes it reports written are marked initialised below.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                (off + done as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+        done += n as usize;
+    }
+    Ok(done)
 }
 
 /// A `FileExt` read of exactly `buf.len()` bytes (or fewer at end of file).
@@ -486,13 +507,7 @@ mod tests {
     use super::*;
 
     fn version(p: &Path) -> Version {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(p).unwrap();
-        Version {
-            size: m.size(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ino: m.ino(),
-        }
+        Version::of(&std::fs::symlink_metadata(p).unwrap())
     }
 
     #[test]

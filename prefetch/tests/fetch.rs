@@ -42,6 +42,7 @@ impl TestSource {
         Version {
             size: self.data.len() as u64,
             mtime_ns: 1,
+            ctime_ns: 1,
             ino: 1,
         }
     }

@@ -31,9 +31,10 @@ const LOG_FILE: &str = "stagefs.log";
     stagefs umount $SLURM_TMPDIR/data\n\n\
 Snapshot semantics: the mount shows SOURCE as it was when its metadata was listed (at the first\n\
 mount, kept in the cache and reused by later mounts, or taken earlier by `stagefs index` and given\n\
-with --index, so that N training nodes list nothing). A file changed on SOURCE since then fails\n\
-to read with ESTALE (never other bytes) and is named in the log and `stagefs stat`; use --rescan\n\
-to list again, or --revalidate SECONDS if SOURCE changes while mounted.\n\n\
+with --index, so that N training nodes list nothing; a tree regenerated at SOURCE is listed\n\
+again). A file changed on SOURCE since then (size, mtime, ctime or inode) fails to read with\n\
+ESTALE (never other bytes) and is named in the log and `stagefs stat`; use --rescan to list\n\
+again, or --revalidate SECONDS if SOURCE changes while mounted.\n\n\
 MOUNTPOINT/.stagefs/stats (statistics) and MOUNTPOINT/.npy/ (tables and images as NumPy arrays)\n\
 are reachable by name but not listed in MOUNTPOINT, so du, find, tar and rsync see the dataset only.")]
 pub struct Args {
@@ -56,7 +57,8 @@ pub struct Args {
     /// concurrent requests far faster than serial ones).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub scan_threads: u64,
-    /// Cache directory on node-local scratch (created if missing; reused by later mounts).
+    /// Cache directory on node-local scratch (created if missing; reused by later mounts; one
+    /// mount at a time: its cache log and the snapshot of SOURCE are kept there).
     #[arg(long)]
     pub cache: PathBuf,
     /// Cache capacity: bytes or with a suffix K, M, G, T (powers of 1024). Default: 90% of the
@@ -587,7 +589,7 @@ fn daemon_pid(mountpoint: &Path) -> Option<u64> {
     }
 }
 
-/// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache index.
+/// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache log.
 pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
     if !is_mountpoint(&args.mountpoint) {
         bail!("{} is not mounted", args.mountpoint.display());

@@ -43,7 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWr
 use std::time::{Duration, Instant, SystemTime};
 
 use stagefs_prefetch::cachedir::CacheDir;
-use stagefs_prefetch::source::{check_rel, lock, FileKind, Source, Version};
+use stagefs_prefetch::source::{check_rel, lock, Meta, Source};
 
 pub use error::SnapshotError;
 use tree::{DirState, Tree, NO_PARENT};
@@ -61,39 +61,10 @@ const READDIR_BATCH: usize = 256;
 /// small enough that a revalidation waiting for the write lock is not held up noticeably.
 const WALK_BATCH: usize = 4096;
 
-/// The attributes of one node, as `lstat` reported them when the snapshot was taken.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeAttr {
-    /// Type.
-    pub kind: FileKind,
-    /// Permission bits (`mode & 0o7777`).
-    pub perm: u16,
-    /// Owner.
-    pub uid: u32,
-    /// Group.
-    pub gid: u32,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i64,
-    /// Inode number on the source.
-    pub ino: u64,
-    /// Hard links.
-    pub nlink: u32,
-    /// Device number, for device nodes (0 otherwise).
-    pub rdev: u64,
-}
-
-impl NodeAttr {
-    /// The identity of the contents: what every data read from the source is checked against.
-    pub fn version(&self) -> Version {
-        Version {
-            size: self.size,
-            mtime_ns: self.mtime_ns,
-            ino: self.ino,
-        }
-    }
-}
+/// The attributes of one node, as `lstat` reported them when the snapshot was taken: the
+/// source's [`Meta`] (one type, so nothing is copied field by field between the two). Its
+/// [`Meta::version`] is what every data read from the source is checked against.
+pub type NodeAttr = Meta;
 
 /// How a scan runs.
 #[derive(Clone, Debug)]
@@ -327,6 +298,23 @@ impl Snapshot {
     /// The source root, as recorded when the tree was listed.
     pub fn source_root(&self) -> &Path {
         &self.inner.root
+    }
+
+    /// Whether the source root is still the directory this snapshot was taken of: the same
+    /// inode, ctime, mtime and size as recorded. A tree regenerated at the same path (removed
+    /// and recreated, or its entries replaced) changes at least the root's ctime, which no user
+    /// can set back; a kept snapshot that fails this must not be served (the caller lists the
+    /// source again). One `stat` of the root (counted in [`ScanStats::requests`]); false if it
+    /// fails.
+    pub fn root_unchanged(&self, source: &dyn Source) -> bool {
+        let Some(kept) = self.attr(ROOT) else {
+            return false;
+        };
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        match source.stat(Path::new("")) {
+            Ok(now) => now.kind == kept.kind && now.version() == kept.version(),
+            Err(_) => false,
+        }
     }
 
     /// When the listing started.

@@ -7,9 +7,9 @@
 //!                     creation time, the length of every section, scan statistics
 //! root                the source root's path (bytes)
 //! owners              (uid u32, gid u32) per interned owner
-//! nodes               38 bytes per node, breadth first:
+//! nodes               46 bytes per node, breadth first:
 //!                     kind u8, flags u8 (0), perm u16, name length u16, owner u32,
-//!                     nlink u32, size u64, mtime ns i64, inode u64
+//!                     nlink u32, size u64, mtime ns i64, inode u64, ctime ns i64
 //! names               all names, in node order (the root's is empty)
 //! dirs                per directory node, in node order: child count u32,
 //!                     state u8 (0 listed, 1 failed, 2 not listed), errno i32
@@ -38,6 +38,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -45,7 +46,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use rustix::fs::{Mode, OFlags};
-use stagefs_prefetch::cachedir::{random_u64, CacheDir, FILE_MODE};
+use stagefs_prefetch::cachedir::{create_temp_in, CacheDir};
 use stagefs_prefetch::source::FileKind;
 
 use super::tree::{valid_name, Dir, DirState, Fields, Node, Tree, MAX_ERRORS, MAX_NODES, NO_AUX};
@@ -53,13 +54,14 @@ use super::{Inner, NodeId, Queue, ScanOptions, Snapshot, SnapshotError};
 
 /// First bytes of every snapshot file.
 pub(crate) const MAGIC: [u8; 8] = *b"STGFSIDX";
-/// The format version this code writes and reads.
-pub(crate) const VERSION: u32 = 1;
+/// The format version this code writes and reads (2: nodes carry the ctime; a file of
+/// version 1 is refused, and a mount lists the source again).
+pub(crate) const VERSION: u32 = 2;
 /// Size of the header.
 const HEADER_LEN: usize = 128;
 /// Size of a node record.
-const NODE_LEN: u64 = 38;
-/// Node records read per batch (38 KiB).
+const NODE_LEN: u64 = 46;
+/// Node records read per batch (46 KiB).
 const NODE_BATCH: usize = 1024;
 /// Size of a directory record.
 const DIR_LEN: u64 = 9;
@@ -138,7 +140,7 @@ pub(crate) fn save(snap: &Snapshot, path: &Path) -> Result<(), SnapshotError> {
         Mode::empty(),
     )
     .map_err(|e| io_err(e.into()))?;
-    let (file, temp) = create_temp(&dir).map_err(io_err)?;
+    let (file, temp) = create_temp_in(dir.as_fd(), ".stagefs-index").map_err(io_err)?;
     let written = write_file(snap, file).and_then(|()| {
         rustix::fs::renameat(&dir, &temp, &dir, name)?;
         rustix::fs::fsync(&dir)?;
@@ -167,27 +169,6 @@ pub(crate) fn save_to(snap: &Snapshot, dir: &CacheDir, name: &str) -> Result<(),
         return Err(io_err(e));
     }
     Ok(())
-}
-
-/// A new `0600` file with an unpredictable name in `dir` (`O_EXCL`, never through a symlink).
-fn create_temp(dir: &std::os::fd::OwnedFd) -> io::Result<(File, std::ffi::OsString)> {
-    for _ in 0..16 {
-        let name = std::ffi::OsString::from(format!(".stagefs-index.{:016x}.tmp", random_u64()?));
-        match rustix::fs::openat(
-            dir,
-            &name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(FILE_MODE),
-        ) {
-            Ok(fd) => return Ok((File::from(fd), name)),
-            Err(rustix::io::Errno::EXIST) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        "no free temporary name after 16 tries",
-    ))
 }
 
 /// Writes the snapshot into `file` and flushes it to disk.
@@ -325,6 +306,7 @@ fn write_snapshot(snap: &Snapshot, w: &mut impl Write) -> io::Result<()> {
         rec[14..22].copy_from_slice(&f.size.to_le_bytes());
         rec[22..30].copy_from_slice(&f.mtime_ns.to_le_bytes());
         rec[30..38].copy_from_slice(&f.ino.to_le_bytes());
+        rec[38..46].copy_from_slice(&f.ctime_ns.to_le_bytes());
         w.write_all(&rec)?;
     }
     for &id in &order {
@@ -644,6 +626,7 @@ fn parse_body<R: Read>(r: &mut Reader<'_, R>) -> Result<Inner, SnapshotError> {
             nlink: le32(10),
             size: le64(14),
             mtime_ns: le64(22) as i64,
+            ctime_ns: le64(38) as i64,
             ino: le64(30),
         };
         if flags != 0 || perm > 0o7777 || owner >= n_owners {

@@ -3,9 +3,10 @@
 //! Opt-in, per node, at most once per `max_age`: the caller (the filesystem, on lookup and
 //! getattr) asks for a node, and only one last checked longer ago is re-statted. A changed node
 //! gets its new attributes in place (same id: the kernel's inode stays valid). A directory
-//! whose mtime changed (an entry was added, removed or renamed) is re-listed: names that still
-//! exist keep their ids and attributes (each is revalidated on its own when asked for), new
-//! names are statted and get new ids, removed names are marked missing. A directory that could
+//! whose mtime or ctime changed (an entry was added, removed or renamed, even with the mtime set
+//! back) is re-listed: names that still exist keep their ids and attributes (each is
+//! revalidated on its own when asked for), new names are statted and get new ids, removed names
+//! are marked missing. A directory that could
 //! not be listed is retried at every revalidation (its permissions may have been fixed, which
 //! does not change its mtime). New subdirectories are lazy: listed when first looked into.
 
@@ -70,7 +71,10 @@ impl Inner {
             && old.kind == FileKind::Dir
             && match dir_state {
                 Some(DirState::Failed) => true,
-                Some(DirState::Ready) => old.mtime_ns != meta.mtime_ns,
+                // The ctime too: entries replaced with the mtime set back still move it.
+                Some(DirState::Ready) => {
+                    old.mtime_ns != meta.mtime_ns || old.ctime_ns != meta.ctime_ns
+                }
                 _ => false,
             };
         let attr = {

@@ -7,11 +7,12 @@
 //! revalidation (whose kept names keep their ids and whose new names get new ones) holds an
 //! explicit sorted id list, in [`Tree::relisted`].
 //!
-//! A [`Node`] is 52 bytes: the 64-bit fields are stored as two `u32` halves so the record has
+//! A [`Node`] is 60 bytes: the 64-bit fields are stored as two `u32` halves so the record has
 //! 4-byte alignment and no padding; owners are interned as `(uid, gid)` pairs, and the rarely
 //! used per-kind data (a directory's range, a symlink's target, a device's number) lives in side
-//! tables reached through [`Node::aux`]. With ImageNet's ~20-byte names that is ~72 bytes per
-//! file.
+//! tables reached through [`Node::aux`]. With ImageNet's ~20-byte names that is ~80 bytes per
+//! file. The ctime (8 of those bytes) is kept because it is the part of a file's identity that
+//! no user can set back (see [`stagefs_prefetch::Version`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -55,6 +56,7 @@ impl U64 {
 pub(crate) struct Node {
     size: U64,
     mtime: U64,
+    ctime: U64,
     ino: U64,
     /// The directory holding this node ([`NO_PARENT`] for the root).
     pub parent: u32,
@@ -72,7 +74,7 @@ pub(crate) struct Node {
     pub flags: u8,
 }
 
-const _: () = assert!(std::mem::size_of::<Node>() == 52);
+const _: () = assert!(std::mem::size_of::<Node>() == 60);
 
 impl Node {
     /// A node with a name and no attributes yet.
@@ -80,6 +82,7 @@ impl Node {
         Node {
             size: U64::default(),
             mtime: U64::default(),
+            ctime: U64::default(),
             ino: U64::default(),
             parent,
             name_off,
@@ -98,6 +101,7 @@ impl Node {
         Node {
             size: U64::new(f.size),
             mtime: U64::new(f.mtime_ns as u64),
+            ctime: U64::new(f.ctime_ns as u64),
             ino: U64::new(f.ino),
             parent: NO_PARENT,
             name_off,
@@ -120,6 +124,7 @@ impl Node {
             nlink: self.nlink,
             size: self.size.get(),
             mtime_ns: self.mtime.get() as i64,
+            ctime_ns: self.ctime.get() as i64,
             ino: self.ino.get(),
         }
     }
@@ -150,6 +155,8 @@ pub(crate) struct Fields {
     pub size: u64,
     /// Modification time, nanoseconds since the epoch.
     pub mtime_ns: i64,
+    /// Status change time, nanoseconds since the epoch.
+    pub ctime_ns: i64,
     /// Inode number on the source.
     pub ino: u64,
 }
@@ -393,6 +400,7 @@ impl Tree {
         }
         n.size = U64::new(meta.size);
         n.mtime = U64::new(meta.mtime_ns as u64);
+        n.ctime = U64::new(meta.ctime_ns as u64);
         n.ino = U64::new(meta.ino);
         n.nlink = meta.nlink;
         n.aux = aux;
@@ -479,6 +487,7 @@ impl Tree {
             gid,
             size: n.size.get(),
             mtime_ns: n.mtime.get() as i64,
+            ctime_ns: n.ctime.get() as i64,
             ino: n.ino.get(),
             nlink: n.nlink,
             rdev,
@@ -615,6 +624,7 @@ mod tests {
             gid: 2,
             size,
             mtime_ns: -5,
+            ctime_ns: i64::MIN + 3,
             ino: u64::MAX - 1,
             nlink: 1,
             rdev: 7,
@@ -629,8 +639,8 @@ mod tests {
         t.fill(a, &meta(FileKind::File, u64::MAX), None, DirState::Queued);
         let got = t.attr(a).unwrap();
         assert_eq!(
-            (got.size, got.mtime_ns, got.ino),
-            (u64::MAX, -5, u64::MAX - 1)
+            (got.size, got.mtime_ns, got.ctime_ns, got.ino),
+            (u64::MAX, -5, i64::MIN + 3, u64::MAX - 1)
         );
         assert_eq!((got.uid, got.gid, got.perm), (1, 2, 0o644));
         let dev = t.push_placeholder(0, b"dev").unwrap();

@@ -229,7 +229,7 @@ fn tables(pq: &Path, csv: &Path, clean: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Index logs written by the real store: a few entries (small, multi-block, own-file), blocks,
+/// Cache logs written by the real store: a few entries (small, multi-block, own-file), blocks,
 /// a drop, a rebind; and a torn one.
 fn cache_index(out: &Path) -> std::io::Result<()> {
     use stagefs_prefetch::{CacheStore, KeyKind, Stats, StoreConfig, Version};
@@ -245,6 +245,7 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     let v = |size| Version {
         size,
         mtime_ns: 1,
+        ctime_ns: 1,
         ino: 2,
     };
     let a = store.create(KeyKind::Raw, b"train/n0/a.jpg", v(3000), 1, false, 5);
@@ -256,8 +257,8 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     store.forget(a);
     store.bind(b, 9);
     store.flush()?;
-    let log = std::fs::read(tmp.join("v2/index.log"))?;
-    put(out, "index.log", &log)?;
+    let log = std::fs::read(tmp.join("v2/cache.log"))?;
+    put(out, "cache.log", &log)?;
     put(out, "torn.log", &log[..log.len().saturating_sub(7)])?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())

@@ -1,28 +1,16 @@
-//! The cache index: one append-only log of what the cache holds, replayed at mount.
-//!
-//! Every change to the cache is a small self-checking record appended to `index.log`: an entry
-//! created (its key — the source path or view path it caches — and the version of the contents),
-//! a block stored (where, how long, its CRC-32), a block or an entry dropped, an entry rebound
-//! to its owner's node. Records are buffered in memory and appended by [`flush`] every couple
-//! of seconds, so a flush costs what changed, not the whole index; block records are buffered
-//! only after their bytes are written, so a `kill -9` loses at most the blocks cached since the
-//! last flush, never correctness. A remount reads the log once, front to back (tens of MB for a
-//! million files: well under a second), and rebuilds the eviction order from the order blocks
-//! were recorded in. When the log holds mostly garbage (dropped blocks) it is rewritten
-//! compactly to a temporary file and renamed into place.
+//! The cache log's record format.
 //!
 //! Framing: `[len: u16][tag: u8][payload][crc32(tag + payload): u32]`, little-endian. A torn or
 //! corrupt record ends the replay there (the log is truncated to the last good record): the
-//! cache is private and checksummed, so a bad index costs cached blocks, never wrong bytes.
-//!
-//! [`flush`]: crate::store::CacheStore::flush
+//! cache is private and checksummed, so a bad log costs cached blocks, never wrong bytes.
 
 use crate::source::Version;
 
 /// Magic at the start of the log.
 pub const MAGIC: &[u8; 12] = b"STAGEFS-IDX\0";
 /// Bumped when the record layout changes; a log of another version is discarded.
-pub const LOG_VERSION: u32 = 2;
+/// 3: entry records carry the source's ctime (part of [`Version`]).
+pub const LOG_VERSION: u32 = 3;
 /// Header: magic, version, snapshot id (16 bytes).
 pub const HEADER_LEN: usize = 12 + 4 + 16;
 /// Longest key accepted (a path beneath the source: Linux's PATH_MAX).
@@ -144,6 +132,7 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             put_u32(out, *slots);
             put_u64(out, version.size);
             put_u64(out, version.mtime_ns as u64);
+            put_u64(out, version.ctime_ns as u64);
             put_u64(out, version.ino);
             let key = &key[..key.len().min(MAX_KEY)];
             out.extend_from_slice(&(key.len() as u16).to_le_bytes());
@@ -235,6 +224,7 @@ pub fn decode(buf: &[u8]) -> Option<(Record<'_>, usize)> {
             let version = Version {
                 size: r.u64()?,
                 mtime_ns: r.u64()? as i64,
+                ctime_ns: r.u64()? as i64,
                 ino: r.u64()?,
             };
             let klen = usize::from(r.u16()?);
@@ -315,6 +305,7 @@ mod tests {
                 version: Version {
                     size: 3 << 20,
                     mtime_ns: -5,
+                    ctime_ns: 1_700_000_000_123_456_789,
                     ino: 99,
                 },
                 key: b"train/n01/img.jpg",

@@ -5,14 +5,25 @@
 //! recently used blocks until it fits; blocks of *pinned* entries (open through kernel
 //! passthrough, where a punched hole would read as zeros) are skipped and put back. The caller
 //! releases the victims' disk space.
+//!
+//! `CacheStore::make_room` applies what this decides: it reserves room for a block and
+//! drops the victims (their space on scratch and their cache log records).
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
 
 use lru::LruCache;
 
+use super::cache_log::record::EntryId;
+use super::{CacheStore, Inner};
+
 /// A block: its entry id in the high 32 bits, its slot in the low 32.
 pub type BlockKey = u64;
+
+/// The key of slot `slot` of entry `id`.
+pub fn lru_key(id: EntryId, slot: u32) -> BlockKey {
+    (u64::from(id) << 32) | u64::from(slot)
+}
 
 fn entry_of(key: BlockKey) -> u32 {
     (key >> 32) as u32
@@ -145,6 +156,21 @@ impl Eviction {
             return None;
         }
         Some(victims.into_iter().map(|(k, _)| k).collect())
+    }
+}
+
+impl CacheStore {
+    /// Makes room for `space` more bytes by evicting least-recently-used blocks of unpinned
+    /// entries; false if that cannot be done (everything left is pinned, or `space` exceeds
+    /// the capacity).
+    pub(super) fn make_room(&self, inner: &mut Inner, space: u64) -> bool {
+        let Some(victims) = inner.evict.reserve(space, &inner.pinned) else {
+            return false;
+        };
+        for v in victims {
+            self.drop_block(inner, (v >> 32) as u32, v as u32, false);
+        }
+        true
     }
 }
 

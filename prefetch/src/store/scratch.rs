@@ -1,0 +1,307 @@
+//! Scratch space: where cached bytes live on node-local disk, and what happens when it fills.
+//!
+//! - Large files are kept as exact sparse copies, one *own file* per entry under `files/` (so
+//!   the kernel can read a complete one through FUSE passthrough); a block goes at its offset.
+//! - Small blocks are packed: a dataset of a million 100 KB images must not become a million
+//!   files on scratch (inode pressure, slow remounts), so blocks of small files and rendered view
+//!   units are appended to *segment* files of up to [`SEGMENT_BYTES`] under `segments/`, each
+//!   block starting on a 4 KiB boundary (`place_packed`, the segment allocator).
+//! - Freeing a block punches a hole over exactly its pages ([`punch_hole`]) — the alignment is
+//!   what makes that safe for its neighbours — and a segment whose blocks are all gone is
+//!   deleted. Space is never reused inside a segment, so a stale log record can only point at
+//!   a hole (zeros that fail their checksum), never at another file's bytes.
+//! - Scratch full (`ENOSPC`/`EDQUOT`): the cache is capped at what it holds and reads go to the
+//!   source (`scratch_full`); a read never fails because the cache is full.
+//! - Every block read back is checked by [`verify_block`], the one place a block's CRC-32 is
+//!   compared: a mismatch is a miss, so corrupt scratch bytes are never served.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tracing::{debug, warn};
+
+use super::cache_log::append;
+use super::cache_log::record::{EntryId, KeyKind, Loc, Record, OWN_FILE};
+use super::entries::ABSENT;
+use super::{CacheStore, Inner};
+use crate::source::{lock, read_uninit};
+use crate::BLOCK_SIZE;
+
+/// Largest segment: 1 GiB keeps the number of segment files (and open descriptors) at about
+/// one per GiB of cache, while a deleted segment frees a useful amount at once.
+pub const SEGMENT_BYTES: u64 = 1 << 30;
+/// Blocks start on page boundaries so that punching one block's pages leaves neighbours intact.
+pub const ALIGN: u64 = 4096;
+
+/// `len` rounded up to the alignment: the space a block of `len` bytes takes.
+pub fn aligned(len: u64) -> u64 {
+    len.div_ceil(ALIGN) * ALIGN
+}
+
+/// The file name of segment `n`.
+pub fn name(n: u32) -> String {
+    format!("{n:08x}")
+}
+
+/// Segment number of a file name, if it is one.
+pub fn parse_name(name: &str) -> Option<u32> {
+    (name.len() == 8)
+        .then(|| u32::from_str_radix(name, 16).ok())
+        .flatten()
+        .filter(|n| *n > 0 && *n < OWN_FILE)
+}
+
+/// What the store knows of one segment.
+#[derive(Clone, Debug, Default)]
+pub struct SegState {
+    /// End of the allocated space (the next block goes here, aligned).
+    pub end: u64,
+    /// Bytes of blocks present (aligned); the segment is deleted when this reaches 0.
+    pub live: u64,
+    /// Whether the segment file exists.
+    pub exists: bool,
+}
+
+/// Frees the disk space of a byte range without changing the file size. Filesystems without
+/// hole punching keep the bytes; the cache log no longer lists them, so they are never served.
+pub fn punch_hole(file: &File, offset: u64, len: u64) {
+    // SAFETY: fallocate on a descriptor we own, with a valid mode; it touches no memory.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc != 0 {
+        debug!(error = %io::Error::last_os_error(), "hole punching unavailable");
+    }
+}
+
+/// Whether `data` are the bytes stored at `loc`: the CRC-32 recorded when the block was
+/// stored. The one place a cached block is verified before it is served or passed through.
+pub fn verify_block(data: &[u8], loc: Loc) -> bool {
+    data.len() == loc.len as usize && crc32fast::hash(data) == loc.crc
+}
+
+/// The bytes of block `loc`, at `off` in `file`, read back from scratch into fresh
+/// (uninitialised) memory, if they are all there and pass [`verify_block`].
+pub(super) fn read_verified(file: &File, off: u64, loc: Loc) -> Option<Bytes> {
+    let len = loc.len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    let n = read_uninit(file, &mut buf, len, off).ok()?;
+    (n == len && verify_block(&buf, loc)).then(|| buf.freeze())
+}
+
+impl CacheStore {
+    pub(super) fn seg_file(&self, n: u32) -> Option<Arc<File>> {
+        self.seg_files
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(n as usize)
+            .cloned()
+            .flatten()
+    }
+
+    /// The open own data file `no`; with `create`, made if missing (empty if `fresh_size`).
+    pub(super) fn own_file(
+        &self,
+        no: u32,
+        fresh_size: bool,
+        create: bool,
+    ) -> io::Result<Arc<File>> {
+        if let Some(f) = lock(&self.own_files).get(&no) {
+            return Ok(f.clone());
+        }
+        let f = self.filedir.open_rw(name(no), create)?;
+        // A new copy starts empty and grows with the blocks written into it, so that once
+        // complete it has exactly the source's size (what passthrough readers see).
+        if create && fresh_size {
+            f.set_len(0)?;
+        }
+        let f = Arc::new(f);
+        lock(&self.own_files).put(no, f.clone());
+        Ok(f)
+    }
+
+    /// The file and byte offset holding `loc`.
+    pub(super) fn locate(&self, loc: Loc) -> Option<(Arc<File>, u64)> {
+        let off = u64::from(loc.off4k) * ALIGN;
+        let file = if loc.seg & OWN_FILE != 0 {
+            self.own_file(loc.seg & !OWN_FILE, false, false).ok()?
+        } else {
+            self.seg_file(loc.seg)?
+        };
+        Some((file, off))
+    }
+
+    /// Space for a packed block of `space` bytes at the end of the active segment.
+    pub(super) fn place_packed(
+        &self,
+        inner: &mut Inner,
+        space: u64,
+    ) -> io::Result<(Arc<File>, u32, u64)> {
+        let need_new = inner.active == 0
+            || inner
+                .segs
+                .get(inner.active as usize)
+                .is_none_or(|s| s.end + space > SEGMENT_BYTES);
+        if need_new {
+            let n = inner.segs.len() as u32;
+            if n >= OWN_FILE {
+                return Err(io::Error::other("too many segments"));
+            }
+            let f = self.segdir.open_rw(name(n), true)?;
+            f.set_len(0)?;
+            inner.segs.push(SegState {
+                end: 0,
+                live: 0,
+                exists: true,
+            });
+            let mut files = self.seg_files.write().unwrap_or_else(|p| p.into_inner());
+            if files.len() <= n as usize {
+                files.resize(n as usize + 1, None);
+            }
+            files[n as usize] = Some(Arc::new(f));
+            drop(files);
+            let old = inner.active;
+            inner.active = n;
+            // The previous segment may already be empty (everything evicted).
+            if old != 0 {
+                self.release_space(inner, old, 0);
+            }
+        }
+        let n = inner.active;
+        let file = self
+            .seg_file(n)
+            .ok_or_else(|| io::Error::other("segment file missing"))?;
+        let seg = &mut inner.segs[n as usize];
+        let off = seg.end;
+        seg.end += space;
+        seg.live += space;
+        Ok((file, n, off))
+    }
+
+    /// The own data file of entry `id` and the offset of `slot` in it.
+    pub(super) fn place_own(
+        &self,
+        inner: &mut Inner,
+        id: EntryId,
+        slot: u32,
+    ) -> io::Result<(Arc<File>, u32, u64)> {
+        let next = inner.next_own;
+        let e = inner
+            .entries
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| io::Error::other("entry gone"))?;
+        let fresh = e.own_no == 0;
+        if fresh {
+            e.own_no = next;
+        }
+        let no = e.own_no;
+        if fresh {
+            inner.next_own += 1;
+        }
+        let file = self.own_file(no, fresh, true)?;
+        Ok((file, OWN_FILE | no, u64::from(slot) * BLOCK_SIZE))
+    }
+
+    /// Gives back `space` bytes of segment `seg` (no-op for own files); deletes a segment left
+    /// with nothing in it, unless blocks are still being appended to it.
+    pub(super) fn release_space(&self, inner: &mut Inner, seg: u32, space: u64) {
+        if seg & OWN_FILE != 0 {
+            return;
+        }
+        let active = inner.active;
+        let Some(s) = inner.segs.get_mut(seg as usize) else {
+            return;
+        };
+        s.live = s.live.saturating_sub(space);
+        if s.live == 0 && seg != active && s.exists {
+            s.exists = false;
+            let _ = self.segdir.remove(name(seg));
+            if let Some(f) = self
+                .seg_files
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(seg as usize)
+            {
+                *f = None;
+            }
+        }
+    }
+
+    /// Counts a failed cache write; on `ENOSPC`/`EDQUOT` caps the cache at what it holds now.
+    pub(super) fn scratch_full(&self, inner: &mut Inner, err: &io::Error) {
+        self.stats.cache_full_events.fetch_add(1, Relaxed);
+        if matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+            // Scratch is smaller than promised: cap the cache at what it holds now.
+            let used = inner.evict.used();
+            inner.evict.set_capacity(used);
+            warn!(
+                used,
+                "scratch is full; capping the cache at its current size, reads go to the source"
+            );
+        } else {
+            warn!(error = %err, "cache write failed; serving from the source");
+        }
+    }
+
+    /// Releases a block's disk space and unlists it (the eviction index is the caller's).
+    pub(super) fn drop_block(&self, inner: &mut Inner, id: EntryId, slot: u32, corrupt: bool) {
+        let Some(e) = inner.entries.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(loc) = e.loc(slot) else {
+            return;
+        };
+        let was_complete = e.complete() && e.kind == KeyKind::Raw;
+        e.set_loc(slot, ABSENT);
+        e.present -= 1;
+        e.verified = false;
+        let empty_own = e.own_file && e.present == 0 && e.pins == 0;
+        let own_no = e.own_no;
+        if was_complete {
+            self.stats.files_staged.fetch_sub(1, Relaxed);
+        }
+        if !corrupt {
+            self.stats.blocks_evicted.fetch_add(1, Relaxed);
+        }
+        append(&self.log, &Record::DropBlock { id, slot });
+        let space = aligned(u64::from(loc.len));
+        if empty_own {
+            lock(&self.own_files).pop(&own_no);
+            let _ = self.filedir.remove(name(own_no));
+            if let Some(e) = inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+                e.own_no = 0;
+            }
+            return;
+        }
+        if let Some((file, off)) = self.locate(loc) {
+            punch_hole(&file, off, space);
+        }
+        self.release_space(inner, loc.seg, space);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_reject_others() {
+        assert_eq!(parse_name(&name(0x2a)), Some(0x2a));
+        assert_eq!(parse_name("0000002a.tmp"), None);
+        assert_eq!(parse_name("00000000"), None);
+        assert_eq!(parse_name("zzzzzzzz"), None);
+        assert_eq!(aligned(1), 4096);
+        assert_eq!(aligned(4096), 4096);
+        assert_eq!(aligned(0), 0);
+    }
+}
