@@ -892,6 +892,58 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     assert!(s["corrupt_blocks"].as_u64().unwrap() >= 1, "{s}");
 }
 
+/// Regression (found by the Loader's hint tests): as root, concurrent opens of a large cached
+/// file failed with EIO. Some opens got passthrough (entry verified) while others were still
+/// open through the daemon, and the kernel keeps one I/O mode per inode: mixing them is EIO.
+fn regression_concurrent_opens_of_a_cached_large_file_never_mix_passthrough_and_cache() {
+    let (tmp, src) = fresh();
+    let data = pattern(21, 64 << 20);
+    fs::write(src.join("big.bin"), &data).unwrap();
+    let mut m = Mount::new(tmp.path(), &src, &[]);
+    m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(1));
+    // A fresh mount: the cached copy is verified at its first open, off the read path, so that
+    // first open is served by the daemon (page-cache mode) while later ones could get passthrough.
+    m.umount();
+    m.mount();
+    let path = m.mnt.join("big.bin");
+    let read_all = |f: &fs::File| -> Result<(), String> {
+        let mut buf = vec![0u8; 1 << 20];
+        for (i, want) in data.chunks(1 << 20).enumerate() {
+            let n = f
+                .read_at(&mut buf[..want.len()], (i << 20) as u64)
+                .map_err(|e| format!("read at {i} MiB failed: {e}"))?;
+            if buf[..n] != *want {
+                return Err(format!("bytes differ at {i} MiB"));
+            }
+        }
+        Ok(())
+    };
+    let first = fs::File::open(&path).unwrap();
+    read_all(&first).unwrap();
+    // Verification done meanwhile; the first handle is still open in page-cache mode.
+    std::thread::sleep(Duration::from_secs(3));
+    let second = fs::File::open(&path).unwrap();
+    if let Err(e) = read_all(&second) {
+        panic!(
+            "a second open beside a daemon-served one: {e}: {}",
+            m.stats()
+        );
+    }
+    drop((first, second));
+    // All closed: the next opens may use passthrough, and share it.
+    let (third, fourth) = (
+        fs::File::open(&path).unwrap(),
+        fs::File::open(&path).unwrap(),
+    );
+    read_all(&third).unwrap();
+    read_all(&fourth).unwrap();
+    assert!(
+        m.stats()["passthrough_opens"].as_u64().unwrap() >= 1,
+        "{}",
+        m.stats()
+    );
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
@@ -943,7 +995,15 @@ fn main() -> std::process::ExitCode {
             large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed,
             Need::Fuse
         ),
-        test!(bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite, Need::Fuse),
+        test!(
+            bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite,
+            Need::Fuse
+        ),
         test!(two_mounts_on_one_cache_the_second_is_refused, Need::Fuse),
+        test!(
+            regression_concurrent_opens_of_a_cached_large_file_never_mix_passthrough_and_cache,
+            Need::Fuse,
+            Need::Root
+        ),
     ])
 }

@@ -101,9 +101,18 @@ impl Lookups {
 
 /// Backing files registered for passthrough: one id per inode, shared by its handles.
 #[derive(Default)]
+///
+/// The kernel keeps one I/O mode per inode: while any handle of an inode is open through the
+/// page cache, a passthrough open of it fails (EIO to the reader), and the reverse. So an inode
+/// with a live backing id gets passthrough for every new open (even before its entry is verified
+/// for this open), and one with handles open through the daemon gets none until they close.
 pub struct BackingCache {
     by_fh: HashMap<u64, Arc<BackingId>>,
     by_ino: HashMap<u64, Weak<BackingId>>,
+    /// Handles open through the daemon (page-cache mode) per inode, while passthrough is on.
+    cached: HashMap<u64, u32>,
+    /// Their inodes, by handle.
+    cached_fh: HashMap<u64, u64>,
 }
 
 /// The fuser filesystem over a [`FsCore`].
@@ -366,13 +375,15 @@ impl Filesystem for FuseFs {
             fopen = FopenFlags::FOPEN_DIRECT_IO;
         }
         let fh = opened.fh;
-        if let Some(file) = opened.passthrough {
+        if passthrough {
+            // One decision per open under one lock: the inode's I/O mode (see BackingCache).
             let id = {
                 let mut b = lock(&self.backing);
                 let shared = b.by_ino.get(&ino.0).and_then(Weak::upgrade);
-                let id = match shared {
-                    Some(id) => Some(id),
-                    None => match reply.open_backing(&file) {
+                let cached_open = b.cached.get(&ino.0).is_some_and(|n| *n > 0);
+                let id = match (shared, opened.passthrough, cached_open) {
+                    (Some(id), _, _) => Some(id),
+                    (None, Some(file), false) => match reply.open_backing(&file) {
                         Ok(id) => {
                             let id = Arc::new(id);
                             b.by_ino.insert(ino.0, Arc::downgrade(&id));
@@ -384,9 +395,16 @@ impl Filesystem for FuseFs {
                             None
                         }
                     },
+                    _ => None,
                 };
-                if let Some(id) = &id {
-                    b.by_fh.insert(fh, id.clone());
+                match &id {
+                    Some(id) => {
+                        b.by_fh.insert(fh, id.clone());
+                    }
+                    None => {
+                        *b.cached.entry(ino.0).or_default() += 1;
+                        b.cached_fh.insert(fh, ino.0);
+                    }
                 }
                 id
             };
@@ -431,6 +449,14 @@ impl Filesystem for FuseFs {
     ) {
         {
             let mut b = lock(&self.backing);
+            if let Some(ino) = b.cached_fh.remove(&fh.0) {
+                if let Some(n) = b.cached.get_mut(&ino) {
+                    *n -= 1;
+                    if *n == 0 {
+                        b.cached.remove(&ino);
+                    }
+                }
+            }
             if let Some(id) = b.by_fh.remove(&fh.0) {
                 if Arc::strong_count(&id) == 1 {
                     b.by_ino.retain(|_, w| {
