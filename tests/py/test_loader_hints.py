@@ -4,7 +4,7 @@ mount's stats show the hints accepted and the bytes hinted. A missing socket is 
 
 import json
 import os
-import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,9 +12,10 @@ import pytest
 
 import stagefs
 
+sys.path.insert(0, os.path.dirname(__file__))
+from test_loader_mount import stagefs_cli  # noqa: E402  (the same `stagefs` runner)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("STAGEFS_BIN", os.path.join(ROOT, "target", "debug", "stagefs"))
+
 # Image rows of 48×48×3 = 6912 bytes: over the Loader's SMALL_ROW, read row by row (hinted).
 SIZE = 48
 # Rows over the Loader's SMALL_ROW (read row by row, so hinted) in a file over 4 MiB (large:
@@ -22,12 +23,6 @@ SIZE = 48
 ROWS, ROW = 1500, 5000
 # Enough images that an epoch of batches of 5 outlasts the hint thread's start.
 IMAGES = 300
-
-
-def stagefs_cli(*args):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"stagefs {args} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
 
 
 @pytest.fixture(scope="module")
