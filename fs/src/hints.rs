@@ -32,10 +32,10 @@
 //! lines, and one worker applying them. Source ranges: the blocks go to the fetcher's read-ahead
 //! queue; blocks cached already, and queued ones once they are, go to the page-cache pushers
 //! ([`crate::stream`]: read and checksummed as for a reader, only inodes the kernel holds).
-//! View ranges (page-aligned) are rendered on the view pool ([`crate::offload`]) so they are
-//! cached, then pushed. Everything stops with the mount.
+//! View ranges (page-aligned, in pieces of at most 4 MiB so the jobs' buffers stay small) are
+//! rendered on the view pool ([`crate::offload`]) so they are cached, then pushed. Everything stops with the mount.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::num::NonZeroUsize;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -81,6 +81,9 @@ pub const LOG_EVERY: Duration = Duration::from_secs(1);
 const OPEN_VIEWS: usize = 64;
 /// Blocks remembered as pushed, so a row range hinted twice is not pushed twice.
 const PUSHED: usize = 4096;
+/// Most bytes of a view one render job renders and pushes (whole pages): 4 MiB, so the jobs
+/// on the pool hold at most [`RENDERS`] × 4 MiB.
+const VIEW_PIECE: u64 = 4 << 20;
 /// Page size for pushes: partial pages are not kept by the kernel.
 const PAGE: u64 = 4096;
 /// Longest hinted path.
@@ -202,9 +205,16 @@ struct Pending {
     since: Instant,
 }
 
+/// Hinted source blocks waiting to be cached, in hint order, each once.
+#[derive(Default)]
+struct PendingBlocks {
+    queue: VecDeque<Pending>,
+    known: HashSet<(EntryId, u64)>,
+}
+
 /// The hint state a mount keeps.
 pub struct HintState {
-    pending: Mutex<VecDeque<Pending>>,
+    pending: Mutex<PendingBlocks>,
     pushed: Mutex<LruCache<(EntryId, u64), ()>>,
     views: Mutex<LruCache<PathBuf, Arc<OpenView>>>,
     /// Renders on the pool (`None`: render on the worker's own thread).
@@ -219,7 +229,7 @@ impl Default for HintState {
     fn default() -> Self {
         let n = |k: usize| NonZeroUsize::new(k).unwrap_or(NonZeroUsize::MIN);
         HintState {
-            pending: Mutex::new(VecDeque::new()),
+            pending: Mutex::new(PendingBlocks::default()),
             pushed: Mutex::new(LruCache::new(n(PUSHED))),
             views: Mutex::new(LruCache::new(n(OPEN_VIEWS))),
             pool: Mutex::new(None),
@@ -307,12 +317,9 @@ impl FsCore {
             for slot in offset / BLOCK_SIZE..((offset + len - 1) / BLOCK_SIZE + 1).min(n) {
                 if store.contains(state.entry, slot as u32) {
                     self.push_block(ino, state.entry, attr.size, slot);
-                } else if pending.len() < PENDING
-                    && !pending
-                        .iter()
-                        .any(|p| p.entry == state.entry && p.slot == slot)
+                } else if pending.queue.len() < PENDING && pending.known.insert((state.entry, slot))
                 {
-                    pending.push_back(Pending {
+                    pending.queue.push_back(Pending {
                         ino,
                         entry: state.entry,
                         size: attr.size,
@@ -345,13 +352,17 @@ impl FsCore {
         let ready: Vec<Pending> = {
             let mut pending = lock(&self.hints.pending);
             let mut ready = Vec::new();
-            pending.retain_mut(|p| {
-                if store.contains(p.entry, p.slot as u32) {
+            let PendingBlocks { queue, known } = &mut *pending;
+            queue.retain(|p| {
+                let cached = store.contains(p.entry, p.slot as u32);
+                if cached {
                     ready.push(*p);
-                    false
-                } else {
-                    p.since.elapsed() < PENDING_AGE
                 }
+                let keep = !cached && p.since.elapsed() < PENDING_AGE;
+                if !keep {
+                    known.remove(&(p.entry, p.slot));
+                }
+                keep
             });
             ready
         };
@@ -363,7 +374,7 @@ impl FsCore {
 
     /// Whether hinted source blocks wait to be cached.
     fn hints_pending(&self) -> bool {
-        !lock(&self.hints.pending).is_empty()
+        !lock(&self.hints.pending).queue.is_empty()
     }
 
     fn hint_view(&self, h: &Hint, rel: &Path) -> Result<u64, Rejected> {
@@ -385,16 +396,23 @@ impl FsCore {
         let total = check_ranges(h, v.len())?;
         let ino = self.view_ino(rel);
         let pool = lock(&self.hints.pool).clone();
-        for &(offset, len) in &h.ranges {
-            if len == 0 {
-                continue;
-            }
-            // Whole pages, so the kernel keeps every page pushed (the last may end the file).
-            let lo = offset / PAGE * PAGE;
-            let hi = (offset + len)
-                .div_ceil(PAGE)
-                .saturating_mul(PAGE)
-                .min(v.len());
+        // Whole pages, so the kernel keeps every page pushed (the last may end the file), in
+        // pieces of at most VIEW_PIECE so a job's buffer stays small.
+        let pieces = h
+            .ranges
+            .iter()
+            .filter(|r| r.1 > 0)
+            .flat_map(|&(offset, len)| {
+                let lo = offset / PAGE * PAGE;
+                let hi = (offset + len)
+                    .div_ceil(PAGE)
+                    .saturating_mul(PAGE)
+                    .min(v.len());
+                (lo..hi)
+                    .step_by(VIEW_PIECE as usize)
+                    .map(move |at| (at, (at + VIEW_PIECE).min(hi)))
+            });
+        for (lo, hi) in pieces {
             let (views, v, sink) = (views.clone(), v.clone(), self.files().page_sink());
             let stats = self.stats().clone();
             let job = move || {
