@@ -29,11 +29,14 @@
 //! once, so hinted renders never fill the pool's queue ahead of readers' requests.
 //!
 //! **Work.** Threads of its own, never FUSE threads: a listener, one thread per client reading
-//! lines, and one worker applying them. Source ranges: the blocks go to the fetcher's read-ahead
-//! queue; blocks cached already, and queued ones once they are, go to the page-cache pushers
+//! lines, one worker applying them, one pushing rendered view pieces. Source ranges: the
+//! blocks go to the fetcher's read-ahead queue; blocks cached already, and queued ones once
+//! they are, go to the page-cache pushers
 //! ([`crate::stream`]: read and checksummed as for a reader, only inodes the kernel holds).
 //! View ranges (page-aligned, in pieces of at most 4 MiB so the jobs' buffers stay small) are
-//! rendered on the view pool ([`crate::offload`]) so they are cached, then pushed. Everything stops with the mount.
+//! rendered on the view pool ([`crate::offload`]) so they are cached, then pushed by a pusher
+//! thread of this module — never by a pool thread: a push waits for the page locks of reads in
+//! flight, and the replies to view reads come from the pool. Everything stops with the mount.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, ErrorKind, Read};
@@ -84,6 +87,8 @@ const PUSHED: usize = 4096;
 /// Most bytes of a view one render job renders and pushes (whole pages): 4 MiB, so the jobs
 /// on the pool hold at most [`RENDERS`] × 4 MiB.
 const VIEW_PIECE: u64 = 4 << 20;
+/// Rendered view pieces waiting for the view pusher (then dropped): 8 × 4 MiB at most.
+const VIEW_PUSHES: usize = 8;
 /// Page size for pushes: partial pages are not kept by the kernel.
 const PAGE: u64 = 4096;
 /// Longest hinted path.
@@ -223,6 +228,15 @@ pub struct HintState {
     last_log: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
     server: Mutex<Option<Server>>,
+    /// Rendered view pieces for the view pusher thread (`None`: pushed by the render job).
+    view_pushes: Mutex<Option<SyncSender<ViewPush>>>,
+}
+
+/// Rendered bytes of view inode `ino` at `offset`, to push.
+struct ViewPush {
+    ino: u64,
+    offset: u64,
+    data: crate::files::ReadData,
 }
 
 impl Default for HintState {
@@ -237,6 +251,7 @@ impl Default for HintState {
             last_log: Mutex::new(None),
             unlogged: AtomicU64::new(0),
             server: Mutex::new(None),
+            view_pushes: Mutex::new(None),
         }
     }
 }
@@ -415,11 +430,28 @@ impl FsCore {
         for (lo, hi) in pieces {
             let (views, v, sink) = (views.clone(), v.clone(), self.files().page_sink());
             let stats = self.stats().clone();
+            let pushes = lock(&self.hints.view_pushes).clone();
             let job = move || {
                 // Errors reach readers of those bytes through their own reads.
-                if let Ok(data) = views.render(&v, lo, (hi - lo) as usize) {
-                    if let Some(sink) = sink {
-                        if sink.holds(ino) && sink.store(ino, lo, data.as_ref()) {
+                let Ok(data) = views.render(&v, lo, (hi - lo) as usize) else {
+                    return;
+                };
+                let Some(sink) = sink.filter(|s| s.holds(ino)) else {
+                    return;
+                };
+                match pushes {
+                    // Never from a view pool thread: a push waits for the page locks of reads
+                    // in flight, whose replies may need a pool thread (a deadlock). A full
+                    // queue drops the push.
+                    Some(tx) => {
+                        let _ = tx.try_send(ViewPush {
+                            ino,
+                            offset: lo,
+                            data,
+                        });
+                    }
+                    None => {
+                        if sink.store(ino, lo, data.as_ref()) {
                             stats.bytes_pushed.fetch_add(hi - lo, Relaxed);
                         }
                     }
@@ -476,6 +508,24 @@ impl FsCore {
         let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
         let me = Arc::downgrade(self);
+        let (ptx, prx) = sync_channel::<ViewPush>(VIEW_PUSHES);
+        let (files, stats) = (self.files().clone(), self.stats().clone());
+        let pusher = std::thread::Builder::new()
+            .name("stagefs-hint-push".into())
+            .spawn(move || {
+                // Ends when the last sender goes (stop_hints, then the render jobs in flight).
+                for p in prx {
+                    let Some(sink) = files.page_sink() else {
+                        continue;
+                    };
+                    if sink.store(p.ino, p.offset, p.data.as_ref()) {
+                        let n = p.data.as_ref().len() as u64;
+                        stats.bytes_pushed.fetch_add(n, Relaxed);
+                    }
+                }
+            })?;
+        *lock(&self.hints.view_pushes) = Some(ptx);
+        lock(&threads).push(pusher);
         let worker = std::thread::Builder::new()
             .name("stagefs-hints".into())
             .spawn(move || work(&me, &rx))?;
@@ -506,6 +556,8 @@ impl FsCore {
             return;
         };
         s.stop.store(true, Relaxed);
+        // The view pusher ends once this and the render jobs' senders are gone.
+        lock(&self.hints.view_pushes).take();
         // Wakes the listener out of accept().
         let _ = UnixStream::connect(&s.addr);
         let threads: Vec<_> = lock(&s.threads).drain(..).collect();

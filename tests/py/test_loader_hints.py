@@ -106,6 +106,8 @@ def test_shuffled_epoch_of_a_view_is_the_same_with_hints_and_renders_ahead(mount
     assert s1["hints_accepted"] > s0["hints_accepted"], s1
     assert s1["hint_bytes"] > s0["hint_bytes"]
     assert s1["views_rendered"] > s0["views_rendered"]
+    # Rendered rows pushed into the page cache (nothing else pushes during a view epoch).
+    assert s1["bytes_pushed"] > s0["bytes_pushed"], (s0["bytes_pushed"], s1["bytes_pushed"])
     assert s1["hints_rejected"] == 0, s1["errors"]
     assert len(hinted) == len(plain) > 1
     for a, b in zip(hinted, plain):
