@@ -185,6 +185,8 @@ pub struct FsCore {
     origin: &'static str,
     /// The stats file's current rendering (see [`FsCore::stats_view`]).
     stats_view: Mutex<Option<StatsView>>,
+    /// Read-order hints ([`crate::hints`]).
+    pub(crate) hints: crate::hints::HintState,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -258,6 +260,7 @@ impl FsCore {
             verify: Mutex::new(None),
             origin,
             stats_view: Mutex::new(None),
+            hints: crate::hints::HintState::default(),
             cfg,
         });
         core.start(loaded, origin == "cache")?;
@@ -415,6 +418,7 @@ impl FsCore {
     /// Stops background work and writes the cache log; call after the session ends.
     pub fn shutdown(&self) {
         self.stop.store(true, Relaxed);
+        self.stop_hints();
         // The sink holds a descriptor of the FUSE session: let it go with the session.
         self.files.set_page_sink(None);
         self.fetcher.shutdown();
@@ -433,6 +437,7 @@ impl FsCore {
     /// (what the last flush wrote is all a later mount finds). For crash tests.
     pub fn abandon(&self) {
         self.stop.store(true, Relaxed);
+        self.stop_hints();
         self.fetcher.shutdown();
         self.files.stop();
         lock(&self.verify).take();
@@ -504,11 +509,27 @@ impl FsCore {
         s.replies_dropped = crate::fuse::DROPPED_REPLIES.load(Relaxed);
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
+        s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
         s
     }
 
+    /// The source files ([`crate::hints`] prefetches and pushes through them).
+    pub(crate) fn files(&self) -> &Arc<Files> {
+        &self.files
+    }
+
+    /// The cache directory (private to the user: the hint socket lives there).
+    pub(crate) fn cache_dir(&self) -> &Path {
+        &self.cfg.cache_dir
+    }
+
+    /// The inode number of view file `rel` (under `.npy/`).
+    pub(crate) fn view_ino(&self, rel: &Path) -> u64 {
+        self.inodes.ino(Virtual::ViewFile(rel.to_path_buf()))
+    }
+
     /// The `.npy/` views, prepared on first use (from the snapshot: no source listing).
-    fn views(&self) -> Result<Arc<Views>, FsError> {
+    pub(crate) fn views(&self) -> Result<Arc<Views>, FsError> {
         let mut slot = lock(&self.views);
         if let Some(v) = slot.as_ref() {
             return Ok(v.clone());

@@ -366,6 +366,13 @@ impl Files {
         Ok(ReadData::Gathered(out))
     }
 
+    /// Offers the pushers cached blocks to hand to the kernel (dropped when they are busy).
+    pub(crate) fn offer_push(&self, push: crate::stream::Push) {
+        if let Some(p) = crate::core::lock(&self.pushers).as_ref() {
+            p.offer(push);
+        }
+    }
+
     /// Offers the pushers the cached blocks ahead of a sequential reader of a large file.
     fn push_ahead(&self, s: &FileState, offset: u64, end: u64) {
         // The file's own lock on every read; the shared one only once per push window.
@@ -382,7 +389,8 @@ impl Files {
         });
     }
 
-    fn prefetch_bytes(&self, s: &FileState, range: Range<u64>) {
+    /// Queues the blocks of bytes `range` of `s` for fetching ahead (read-ahead priority).
+    pub(crate) fn prefetch_bytes(&self, s: &FileState, range: Range<u64>) {
         if range.start >= range.end {
             return;
         }

@@ -52,9 +52,12 @@ pub const MAX_BACKGROUND: u16 = 64;
 /// hold is dropped on the floor, so the walker pushes only to inodes counted here: a reader
 /// that listed the directory (ImageFolder does) gets pushes, one that opens paths from a list
 /// costs no pushing. 4 bytes per file.
+/// View files (virtual inodes, numbered from 2^40) are counted in a map: read-order hints push
+/// rendered view rows ([`crate::hints`]), and there are only as many as views looked up.
 #[derive(Default)]
 pub struct Lookups {
     counts: std::sync::RwLock<Vec<std::sync::atomic::AtomicU32>>,
+    views: std::sync::Mutex<HashMap<u64, u64>>,
 }
 
 impl Lookups {
@@ -64,7 +67,12 @@ impl Lookups {
 
     /// The kernel was handed one more lookup of `ino`.
     pub fn add(&self, ino: u64) {
-        let Some(i) = Self::slot(ino) else { return };
+        let Some(i) = Self::slot(ino) else {
+            if ino >= crate::inode::VIRTUAL_BASE {
+                *crate::core::lock(&self.views).entry(ino).or_default() += 1;
+            }
+            return;
+        };
         {
             let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
             if let Some(n) = c.get(i) {
@@ -82,7 +90,16 @@ impl Lookups {
 
     /// The kernel forgot `n` lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
-        let Some(i) = Self::slot(ino) else { return };
+        let Some(i) = Self::slot(ino) else {
+            let mut views = crate::core::lock(&self.views);
+            if let Some(k) = views.get_mut(&ino) {
+                *k = k.saturating_sub(n);
+                if *k == 0 {
+                    views.remove(&ino);
+                }
+            }
+            return;
+        };
         let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = c.get(i) {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
@@ -92,6 +109,9 @@ impl Lookups {
 
     /// Whether the kernel holds inode `ino`.
     pub fn held(&self, ino: u64) -> bool {
+        if ino >= crate::inode::VIRTUAL_BASE {
+            return crate::core::lock(&self.views).contains_key(&ino);
+        }
         let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
         Self::slot(ino)
             .and_then(|i| c.get(i))

@@ -10,6 +10,7 @@
 //! - [`walk`]: following readers through directories (cross-file prefetch, page pushes).
 //! - [`stream`]: pushing large files ahead of sequential readers.
 //! - [`views`]: the `.npy/` tree.
+//! - [`hints`]: read-order hints from loaders (a Unix socket in the cache directory).
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
@@ -18,6 +19,7 @@ pub mod core;
 pub mod error;
 pub mod files;
 pub mod fuse;
+pub mod hints;
 pub mod inode;
 pub mod mount;
 pub mod offload;

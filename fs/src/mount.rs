@@ -85,13 +85,14 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
     let lookups = Arc::new(Lookups::default());
+    let pool = crate::offload::Offload::new(0)?;
     let mut fs = FuseFs::new(
         core.clone(),
         opts.passthrough,
         opts.skip_open,
         opts.readdirplus,
         lookups.clone(),
-        crate::offload::Offload::new(0)?,
+        pool.clone(),
     );
     fs.set_direct_io_large(opts.direct_io_large);
     let mut session = Session::new(fs, mountpoint, &cfg)?;
@@ -99,6 +100,10 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     let session = session.spawn()?;
     if opts.push {
         core.set_page_sink(Some(Arc::new(NotifySink(session.notifier(), lookups))));
+    }
+    // Read-order hints render on the same view pool; without the socket the mount still serves.
+    if let Err(e) = core.start_hints(Some(pool)) {
+        tracing::warn!(error = %e, "no read-order hint socket (hints are off for this mount)");
     }
     Ok(Mounted {
         session,

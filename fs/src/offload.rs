@@ -23,7 +23,8 @@ pub const QUEUE: usize = 4096;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// A fixed set of threads running jobs from one bounded queue.
+/// A fixed set of threads running jobs from one bounded queue (clones share them).
+#[derive(Clone)]
 pub struct Offload {
     tx: Sender<Job>,
 }

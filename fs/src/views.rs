@@ -401,11 +401,20 @@ impl Views {
     /// Reads `len` bytes at `offset` of an open view.
     pub fn read(&self, v: &OpenView, offset: u64, len: usize) -> Result<ReadData, ViewError> {
         let end = offset.saturating_add(len as u64).min(v.units.len);
+        if offset < end {
+            let stats = self.files.fetcher().stats();
+            stats.view_bytes.fetch_add(end - offset, Relaxed);
+        }
+        self.render(v, offset, len)
+    }
+
+    /// Bytes `offset..offset + len` of an open view, rendered and cached if they are not yet,
+    /// without counting them as served (read-order hints render ahead of readers this way).
+    pub fn render(&self, v: &OpenView, offset: u64, len: usize) -> Result<ReadData, ViewError> {
+        let end = offset.saturating_add(len as u64).min(v.units.len);
         if offset >= end {
             return Ok(ReadData::Gathered(Vec::new()));
         }
-        let stats = self.files.fetcher().stats();
-        stats.view_bytes.fetch_add(end - offset, Relaxed);
         let first = v.units.slot(offset);
         let last = v.units.slot(end - 1);
         let cut = |slot: u32, data: &Bytes| {

@@ -57,6 +57,7 @@ mod cpu;
 mod cuda;
 mod device;
 mod error;
+pub mod hints;
 mod host;
 pub mod loader;
 pub mod plan;

@@ -40,6 +40,7 @@ use stagefs_npy::DType;
 use crate::augment::{Geometry, Scratch, Table, Transform};
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
+use crate::hints::Hinter;
 use crate::plan::shuffle;
 use crate::source::Source;
 use crate::stats::{add_since, Counters, Stats};
@@ -106,6 +107,8 @@ pub struct LoaderConfig {
     pub readers: usize,
     /// Augmentation of the first source's image rows, done by the readers.
     pub transform: Option<Transform>,
+    /// Tell a stagefs mount holding the files which rows are read next ([`crate::hints`]).
+    pub hints: bool,
 }
 
 impl Default for LoaderConfig {
@@ -122,6 +125,7 @@ impl Default for LoaderConfig {
             ring: 4,
             readers: 2,
             transform: None,
+            hints: true,
         }
     }
 }
@@ -268,6 +272,8 @@ pub struct Loader<D: Device> {
     rows: u64,
     readers: usize,
     slot_bytes: usize,
+    /// The hint socket of the mount holding the files (`None`: not on a mount, or off).
+    hints: Option<Arc<Hinter>>,
 }
 
 impl<D: Device> Loader<D> {
@@ -377,6 +383,15 @@ impl<D: Device> Loader<D> {
         }
         let readers = config.readers.clamp(1, config.ring);
         let resident = read_resident(&sources, config.shuffle || config.world_size > 1)?;
+        // Files read whole into memory are read once, in order: no hints for them.
+        let hinted: Vec<usize> = (0..sources.len())
+            .filter(|&i| resident[i].is_none())
+            .collect();
+        let hints = config
+            .hints
+            .then(|| Hinter::connect(&sources, &hinted))
+            .flatten()
+            .map(Arc::new);
         Ok(Loader {
             ring: Arc::new(Ring {
                 device,
@@ -398,6 +413,7 @@ impl<D: Device> Loader<D> {
             rows,
             readers,
             slot_bytes,
+            hints,
         })
     }
 
@@ -510,6 +526,7 @@ impl<D: Device> Loader<D> {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (job_tx, job_rx) = bounded::<Job>(self.config.ring);
         let (msg_tx, msg_rx) = unbounded::<Msg>();
+        let dispatched = Arc::new(AtomicU64::new(0));
         let mut epoch_state = Epoch {
             ring: self.ring.clone(),
             order: order.clone(),
@@ -529,12 +546,43 @@ impl<D: Device> Loader<D> {
             path: "<thread>".into(),
             source: e,
         };
+        // Hints first, so the first window reaches the daemon ahead of the readers.
+        if let Some(h) = self.hints.clone().filter(|h| !h.is_off()) {
+            let row_bytes: u64 = h.sources().map(|i| self.ring.sources[i].row_bytes).sum();
+            let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
+            let (order, cancel, stop_rx) = (order.clone(), cancel.clone(), stop_rx.clone());
+            let dispatched = dispatched.clone();
+            let spawned = std::thread::Builder::new()
+                .name("stagefs-load-hints".into())
+                .spawn(move || {
+                    for seq in 0..batches {
+                        // Hints run `ahead` batches beyond the last one handed to a reader.
+                        while seq >= dispatched.load(Ordering::Relaxed) + ahead {
+                            match stop_rx.recv_timeout(Duration::from_millis(2)) {
+                                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                                _ => return,
+                            }
+                        }
+                        if cancel.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let (a, b) = batch_range(seq, batch_size, order.len());
+                        if !h.send(&order[a..b]) {
+                            return;
+                        }
+                    }
+                });
+            // No thread for hints: the epoch runs without them.
+            if let Ok(t) = spawned {
+                epoch_state.threads.push(t);
+            }
+        }
         {
-            let (ring, cancel) = (self.ring.clone(), cancel.clone());
+            let (ring, cancel, done) = (self.ring.clone(), cancel.clone(), dispatched);
             epoch_state.threads.push(
                 std::thread::Builder::new()
                     .name("stagefs-load-dispatch".into())
-                    .spawn(move || dispatch(&ring, batches, &cancel, &stop_rx, &job_tx))
+                    .spawn(move || dispatch(&ring, batches, &cancel, &stop_rx, &job_tx, &done))
                     .map_err(spawn_err)?,
             );
         }
@@ -745,6 +793,7 @@ fn dispatch<D: Device>(
     cancel: &AtomicBool,
     stop_rx: &Receiver<()>,
     job_tx: &Sender<Job>,
+    dispatched: &AtomicU64,
 ) {
     for seq in 0..batches {
         let slot = select! {
@@ -759,6 +808,7 @@ fn dispatch<D: Device>(
             ring.release(e.into_inner().slot);
             return;
         }
+        dispatched.store(seq + 1, Ordering::Relaxed);
     }
 }
 

@@ -68,6 +68,12 @@ pub struct Stats {
     pub error_count: AtomicU64,
     /// Bytes background staging set out to cache (0 when the tree does not fit).
     pub staging_target: AtomicU64,
+    /// Read-order hints accepted (lines on the hint socket).
+    pub hints_accepted: AtomicU64,
+    /// Read-order hints rejected (malformed, unknown path, out of range, over a bound).
+    pub hints_rejected: AtomicU64,
+    /// Bytes named by accepted hints.
+    pub hint_bytes: AtomicU64,
     errors: Mutex<VecDeque<String>>,
 }
 
@@ -125,6 +131,18 @@ pub struct StatsSnapshot {
     pub cache_capacity: u64,
     /// Bytes of the source tree scheduled for staging (0 when the tree does not fit).
     pub staging_target: u64,
+    /// Read-order hints accepted.
+    #[serde(default)]
+    pub hints_accepted: u64,
+    /// Read-order hints rejected (each with a logged reason).
+    #[serde(default)]
+    pub hints_rejected: u64,
+    /// Bytes named by accepted hints.
+    #[serde(default)]
+    pub hint_bytes: u64,
+    /// The Unix socket taking read-order hints (`null` when there is none).
+    #[serde(default)]
+    pub hint_socket: Option<String>,
     /// Number of errors seen.
     pub error_count: u64,
     /// The most recent errors.
@@ -174,6 +192,9 @@ impl Default for Stats {
             view_bytes: AtomicU64::new(0),
             error_count: AtomicU64::new(0),
             staging_target: AtomicU64::new(0),
+            hints_accepted: AtomicU64::new(0),
+            hints_rejected: AtomicU64::new(0),
+            hint_bytes: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
         }
     }
@@ -253,6 +274,9 @@ impl Stats {
             view_bytes: self.view_bytes.load(Relaxed),
             error_count: self.error_count.load(Relaxed),
             staging_target: self.staging_target.load(Relaxed),
+            hints_accepted: self.hints_accepted.load(Relaxed),
+            hints_rejected: self.hints_rejected.load(Relaxed),
+            hint_bytes: self.hint_bytes.load(Relaxed),
             errors: lock(&self.errors).iter().cloned().collect(),
             ..StatsSnapshot::default()
         }

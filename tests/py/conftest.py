@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 # Test modules that mount stagefs.
-NEEDS_FUSE = {"test_mount_views", "test_loader_mount", "test_demo"}
+NEEDS_FUSE = {"test_mount_views", "test_loader_mount", "test_loader_hints", "test_demo"}
 
 
 def fuse_missing():

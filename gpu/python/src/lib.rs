@@ -186,7 +186,7 @@ fn crop_box(
 }
 
 /// `stagefs._native.Loader(paths, batch_size, shuffle, seed, drop_last, device, rank,
-/// world_size, ring, readers, pin_memory, transform)`: see `stagefs.Loader`.
+/// world_size, ring, readers, pin_memory, transform, hints)`: see `stagefs.Loader`.
 #[pyclass(module = "stagefs._native", name = "Loader", frozen)]
 struct PyLoader {
     loader: AnyLoader,
@@ -197,7 +197,7 @@ struct PyLoader {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None))]
+    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None, hints=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -213,6 +213,7 @@ impl PyLoader {
         readers: usize,
         pin_memory: Option<bool>,
         transform: Option<TransformArgs>,
+        hints: bool,
     ) -> PyResult<Self> {
         let transform = transform.map(transform_of).transpose()?;
         let config = LoaderConfig {
@@ -225,6 +226,7 @@ impl PyLoader {
             world_size,
             ring,
             readers,
+            hints,
         };
         let device = device.trim().to_ascii_lowercase();
         let loader = py.detach(|| -> PyResult<AnyLoader> {

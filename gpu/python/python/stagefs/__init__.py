@@ -169,6 +169,10 @@ class Loader:
             ``float32`` (default with it) or ``float16``; floats without ``normalize`` are
             ``x / 255``.
         layout: ``"NHWC"`` (the view's, default) or ``"NCHW"`` (what convolutions take).
+        hints: when the files live on a stagefs mount, tell its daemon which rows are read
+            next (a few batches ahead of the readers), so it fetches, renders and pushes them
+            in that order; ``False`` turns it off. A mount without the hint socket (or a
+            broken one) just means no hints, never an error.
 
     The position can be saved with ``state_dict()`` and restored with ``load_state_dict()``
     (mid-epoch, also under another ``world_size``); ``epoch`` is the next epoch to iterate.
@@ -197,6 +201,7 @@ class Loader:
         normalize: tuple | None = None,
         dtype=None,
         layout: str = "NHWC",
+        hints: bool = True,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -240,6 +245,7 @@ class Loader:
         self._native = _native.Loader(
             self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
             self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
+            bool(hints),
         )
 
     def __iter__(self) -> Iterator[tuple]:

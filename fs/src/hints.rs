@@ -1,0 +1,704 @@
+//! Read-order hints: a reader that knows which bytes it will read next (`stagefs.Loader` holds
+//! its permutation of rows) tells the daemon, and the daemon fetches (source files), renders
+//! (`.npy/` views) and pushes those bytes into the kernel's page cache ahead of the reader.
+//!
+//! **Channel.** The mount is read-only, so a control *file* cannot be written: hints go to a
+//! Unix stream socket, `hints.sock` in the mount's cache directory. That directory is 0700 and
+//! owned by the user who mounted (checked by [`stagefs_prefetch::cachedir`]), so only they can
+//! reach the socket; the socket itself is made 0600. Its path is in the stats file
+//! (`MOUNTPOINT/.stagefs/stats`, field `hint_socket`): a client finds the mount holding a file by
+//! walking up from it to the first directory with a `.stagefs/stats`. A path longer than a
+//! socket address can hold (108 bytes) is bound and reached through `/proc/self/fd/N/hints.sock`
+//! with `N` a descriptor of the cache directory.
+//!
+//! **Protocol.** One JSON object per line:
+//! `{"path": "rel/path/under/the/mount", "ranges": [[offset, len], ...]}`; a path under
+//! `.npy/` names a view. No reply. Each line is validated on its own: a malformed line, an
+//! unknown path, a range outside the file, or a line over a bound is ignored with a logged reason
+//! (at most one log line per [`LOG_EVERY`], the rest counted) and counted in `hints_rejected`;
+//! an accepted one in `hints_accepted` and its bytes in `hint_bytes`. A hint never changes the
+//! bytes a reader gets and never fails a read: it only warms the cache and the page cache.
+//!
+//! **Bounds.** [`MAX_LINE`] bytes per line (64 KiB: [`MAX_RANGES`] ranges of two 20-digit
+//! numbers need ~45 KiB), [`MAX_RANGES`] ranges (1024: a few batches of rows) and
+//! [`MAX_HINT_BYTES`] bytes per line (256 MiB: the fetcher's queue holds 256 blocks of 1 MiB,
+//! more would only be dropped), [`MAX_CONNECTIONS`] clients (64: a node's loaders, one per
+//! process), [`QUEUE`] lines waiting for the worker (then the client's writes wait:
+//! back-pressure, not unbounded memory), [`PENDING`] source blocks waiting to be cached before
+//! they are pushed (dropped after [`PENDING_AGE`]), [`RENDERS`] view renders on the view pool at
+//! once, so hinted renders never fill the pool's queue ahead of readers' requests.
+//!
+//! **Work.** Threads of its own, never FUSE threads: a listener, one thread per client reading
+//! lines, one worker applying them, one pushing rendered view pieces. Source ranges: the
+//! blocks go to the fetcher's read-ahead queue; blocks cached already, and queued ones once
+//! they are, go to the page-cache pushers
+//! ([`crate::stream`]: read and checksummed as for a reader, only inodes the kernel holds).
+//! View ranges (page-aligned, in pieces of at most 4 MiB so the jobs' buffers stay small) are
+//! rendered on the view pool ([`crate::offload`]) so they are cached, then pushed by a pusher
+//! thread of this module — never by a pool thread: a push waits for the page locks of reads in
+//! flight, and the replies to view reads come from the pool. Everything stops with the mount.
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::num::NonZeroUsize;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
+use tracing::{debug, warn};
+
+use crate::control::VIEW_DIR;
+use crate::core::{lock, FsCore};
+use crate::offload::Offload;
+use crate::views::OpenView;
+
+/// Name of the hint socket in the cache directory.
+pub const SOCKET_NAME: &str = "hints.sock";
+/// Longest line accepted.
+pub const MAX_LINE: usize = 64 << 10;
+/// Most ranges in one line.
+pub const MAX_RANGES: usize = 1024;
+/// Most bytes one line may name.
+pub const MAX_HINT_BYTES: u64 = 256 << 20;
+/// Most clients connected at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Lines waiting for the worker.
+pub const QUEUE: usize = 64;
+/// Source blocks waiting to be cached before they are pushed.
+pub const PENDING: usize = 4096;
+/// How long a hinted block may take to be cached before its push is given up.
+pub const PENDING_AGE: Duration = Duration::from_secs(30);
+/// Hinted view renders on the view pool at once.
+pub const RENDERS: usize = 8;
+/// At most one log line per this interval about rejected hints.
+pub const LOG_EVERY: Duration = Duration::from_secs(1);
+/// Views kept open by the worker (one per file a loader reads).
+const OPEN_VIEWS: usize = 64;
+/// Blocks remembered as pushed, so a row range hinted twice is not pushed twice.
+const PUSHED: usize = 4096;
+/// Most bytes of a view one render job renders and pushes (whole pages): 4 MiB, so the jobs
+/// on the pool hold at most [`RENDERS`] × 4 MiB.
+const VIEW_PIECE: u64 = 4 << 20;
+/// Rendered view pieces waiting for the view pusher (then dropped): 8 × 4 MiB at most.
+const VIEW_PUSHES: usize = 8;
+/// Page size for pushes: partial pages are not kept by the kernel.
+const PAGE: u64 = 4096;
+/// Longest hinted path.
+const MAX_PATH: usize = 4096;
+/// How often waiting threads look at the stop flag.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Why a hint was ignored.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Rejected {
+    /// The line is longer than [`MAX_LINE`].
+    #[error("line longer than {MAX_LINE} bytes")]
+    TooLong,
+    /// Not the expected JSON object.
+    #[error("malformed hint: {0}")]
+    Malformed(String),
+    /// Not a plain relative path inside the mount.
+    #[error("path {0:?} is not a relative path inside the mount")]
+    BadPath(String),
+    /// No such regular file (or view file) in the mount.
+    #[error("no file {0:?} in the mount")]
+    Unknown(String),
+    /// More than [`MAX_RANGES`] ranges.
+    #[error("{0} ranges in one hint, at most {MAX_RANGES}")]
+    TooManyRanges(usize),
+    /// More than [`MAX_HINT_BYTES`] bytes.
+    #[error("{0} bytes in one hint, at most {MAX_HINT_BYTES}")]
+    TooManyBytes(u64),
+    /// A range outside the file.
+    #[error("range [{offset}, {len}] is outside {path:?} ({size} bytes)")]
+    OutOfRange {
+        /// The file.
+        path: String,
+        /// Range start.
+        offset: u64,
+        /// Range length.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+}
+
+/// A parsed hint: a path under the mount and the byte ranges a reader will read next, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hint {
+    /// Path relative to the mount root (`.npy/...` for views).
+    pub path: String,
+    /// `(offset, len)` pairs, in the order they will be read.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// Parses and bounds one line (without its newline). Sizes are checked against the file later.
+pub fn parse(line: &[u8]) -> Result<Hint, Rejected> {
+    if line.len() > MAX_LINE {
+        return Err(Rejected::TooLong);
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| Rejected::Malformed("not a JSON object".into()))?;
+    let path = obj
+        .get("path")
+        .and_then(|p| p.as_str())
+        .ok_or_else(|| Rejected::Malformed("no string \"path\"".into()))?;
+    let ranges = obj
+        .get("ranges")
+        .and_then(|r| r.as_array())
+        .ok_or_else(|| Rejected::Malformed("no array \"ranges\"".into()))?;
+    if ranges.len() > MAX_RANGES {
+        return Err(Rejected::TooManyRanges(ranges.len()));
+    }
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut total = 0u64;
+    for r in ranges {
+        let pair = r
+            .as_array()
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
+            .ok_or_else(|| {
+                Rejected::Malformed(format!("range {r} is not [offset, len] in integers"))
+            })?;
+        total = total.saturating_add(pair.1);
+        if total > MAX_HINT_BYTES {
+            return Err(Rejected::TooManyBytes(total));
+        }
+        out.push(pair);
+    }
+    check_path(path)?;
+    Ok(Hint {
+        path: path.to_string(),
+        ranges: out,
+    })
+}
+
+/// Only plain relative paths: no root, no `.` or `..`, no empty components, no NUL.
+fn check_path(path: &str) -> Result<(), Rejected> {
+    let bad = || Rejected::BadPath(path.chars().take(200).collect());
+    if path.is_empty() || path.len() > MAX_PATH || path.contains('\0') || path.contains("//") {
+        return Err(bad());
+    }
+    if path.ends_with('/')
+        || !Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// A hinted source block waiting to be cached before it is pushed.
+#[derive(Clone, Copy)]
+struct Pending {
+    ino: u64,
+    entry: EntryId,
+    size: u64,
+    slot: u64,
+    since: Instant,
+}
+
+/// Hinted source blocks waiting to be cached, in hint order, each once.
+#[derive(Default)]
+struct PendingBlocks {
+    queue: VecDeque<Pending>,
+    known: HashSet<(EntryId, u64)>,
+}
+
+/// The hint state a mount keeps.
+pub struct HintState {
+    pending: Mutex<PendingBlocks>,
+    pushed: Mutex<LruCache<(EntryId, u64), ()>>,
+    views: Mutex<LruCache<PathBuf, Arc<OpenView>>>,
+    /// Renders on the pool (`None`: render on the worker's own thread).
+    pool: Mutex<Option<Offload>>,
+    renders: Arc<AtomicUsize>,
+    last_log: Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+    server: Mutex<Option<Server>>,
+    /// Rendered view pieces for the view pusher thread (`None`: pushed by the render job).
+    view_pushes: Mutex<Option<SyncSender<ViewPush>>>,
+}
+
+/// Rendered bytes of view inode `ino` at `offset`, to push.
+struct ViewPush {
+    ino: u64,
+    offset: u64,
+    data: crate::files::ReadData,
+}
+
+impl Default for HintState {
+    fn default() -> Self {
+        let n = |k: usize| NonZeroUsize::new(k).unwrap_or(NonZeroUsize::MIN);
+        HintState {
+            pending: Mutex::new(PendingBlocks::default()),
+            pushed: Mutex::new(LruCache::new(n(PUSHED))),
+            views: Mutex::new(LruCache::new(n(OPEN_VIEWS))),
+            pool: Mutex::new(None),
+            renders: Arc::new(AtomicUsize::new(0)),
+            last_log: Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+            server: Mutex::new(None),
+            view_pushes: Mutex::new(None),
+        }
+    }
+}
+
+/// The running socket server.
+struct Server {
+    path: PathBuf,
+    /// Where to connect to wake the listener (the path, or its `/proc/self/fd` form).
+    addr: PathBuf,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Keeps the `/proc/self/fd/N` form of the address valid.
+    _dir: Option<std::fs::File>,
+}
+
+impl FsCore {
+    /// Applies one hint line (as the socket's worker does): the bytes it names, or why it was
+    /// ignored. Counted in the stats either way; a rejection is logged (rate-limited).
+    pub fn hint(&self, line: &[u8]) -> Result<u64, Rejected> {
+        let stats = self.stats();
+        match parse(line).and_then(|h| self.apply_hint(&h)) {
+            Ok(bytes) => {
+                stats.hints_accepted.fetch_add(1, Relaxed);
+                stats.hint_bytes.fetch_add(bytes, Relaxed);
+                Ok(bytes)
+            }
+            Err(e) => {
+                stats.hints_rejected.fetch_add(1, Relaxed);
+                self.log_rejected(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn log_rejected(&self, e: &Rejected) {
+        let mut last = lock(&self.hints.last_log);
+        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            self.hints.unlogged.fetch_add(1, Relaxed);
+            return;
+        }
+        *last = Some(Instant::now());
+        let also = self.hints.unlogged.swap(0, Relaxed);
+        warn!(reason = %e, unlogged_since = also, "read-order hint ignored");
+    }
+
+    fn apply_hint(&self, h: &Hint) -> Result<u64, Rejected> {
+        let rel = Path::new(&h.path);
+        let mut parts = rel.components();
+        let first = parts.next().map(|c| c.as_os_str());
+        if first == Some(std::ffi::OsStr::new(VIEW_DIR)) {
+            return self.hint_view(h, parts.as_path());
+        }
+        let unknown = || Rejected::Unknown(h.path.clone());
+        let snap = self.snapshot_ref();
+        let node = snap.resolve(rel).ok().flatten().ok_or_else(unknown)?;
+        let attr = snap.attr(node).ok_or_else(unknown)?;
+        if attr.kind != FileKind::File {
+            return Err(unknown());
+        }
+        let total = check_ranges(h, attr.size)?;
+        let files = self.files();
+        let state = files.state(node, &attr).map_err(|_| unknown())?;
+        let store = self.store();
+        let ino = crate::inode::source_ino(node);
+        let sink = files.page_sink();
+        let mut pending = lock(&self.hints.pending);
+        for &(offset, len) in &h.ranges {
+            if len == 0 {
+                continue;
+            }
+            files.prefetch_bytes(&state, offset..offset + len);
+            // Pushed only when a kernel is there to take pages; small files go whole through
+            // the walker, which pushes files, not blocks.
+            if sink.is_none() || attr.size <= SMALL_FILE {
+                continue;
+            }
+            let n = block_count(attr.size);
+            for slot in offset / BLOCK_SIZE..((offset + len - 1) / BLOCK_SIZE + 1).min(n) {
+                if store.contains(state.entry, slot as u32) {
+                    self.push_block(ino, state.entry, attr.size, slot);
+                } else if pending.queue.len() < PENDING && pending.known.insert((state.entry, slot))
+                {
+                    pending.queue.push_back(Pending {
+                        ino,
+                        entry: state.entry,
+                        size: attr.size,
+                        slot,
+                        since: Instant::now(),
+                    });
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Offers block `slot` to the pushers unless it was pushed lately.
+    fn push_block(&self, ino: u64, entry: EntryId, size: u64, slot: u64) {
+        if lock(&self.hints.pushed).put((entry, slot), ()).is_some() {
+            return;
+        }
+        self.files().offer_push(crate::stream::Push {
+            ino,
+            entry,
+            size,
+            blocks: slot..slot + 1,
+        });
+    }
+
+    /// Pushes the pending hinted blocks that are cached now, drops those waited on too long;
+    /// how many were pushed.
+    pub fn push_hinted(&self) -> usize {
+        let store = self.store();
+        let ready: Vec<Pending> = {
+            let mut pending = lock(&self.hints.pending);
+            let mut ready = Vec::new();
+            let PendingBlocks { queue, known } = &mut *pending;
+            queue.retain(|p| {
+                let cached = store.contains(p.entry, p.slot as u32);
+                if cached {
+                    ready.push(*p);
+                }
+                let keep = !cached && p.since.elapsed() < PENDING_AGE;
+                if !keep {
+                    known.remove(&(p.entry, p.slot));
+                }
+                keep
+            });
+            ready
+        };
+        for p in &ready {
+            self.push_block(p.ino, p.entry, p.size, p.slot);
+        }
+        ready.len()
+    }
+
+    /// Whether hinted source blocks wait to be cached.
+    fn hints_pending(&self) -> bool {
+        !lock(&self.hints.pending).queue.is_empty()
+    }
+
+    fn hint_view(&self, h: &Hint, rel: &Path) -> Result<u64, Rejected> {
+        let unknown = || Rejected::Unknown(h.path.clone());
+        let views = self.views().map_err(|_| unknown())?;
+        let known = lock(&self.hints.views).get(rel).cloned();
+        let v = match known {
+            Some(v) => v,
+            None => {
+                match views.stat(rel) {
+                    Ok(stagefs_views::ViewKind::File(_)) => {}
+                    _ => return Err(unknown()),
+                }
+                let v = views.open(rel).map_err(|_| unknown())?;
+                lock(&self.hints.views).put(rel.to_path_buf(), v.clone());
+                v
+            }
+        };
+        let total = check_ranges(h, v.len())?;
+        let ino = self.view_ino(rel);
+        let pool = lock(&self.hints.pool).clone();
+        // Whole pages, so the kernel keeps every page pushed (the last may end the file), in
+        // pieces of at most VIEW_PIECE so a job's buffer stays small.
+        let pieces = h
+            .ranges
+            .iter()
+            .filter(|r| r.1 > 0)
+            .flat_map(|&(offset, len)| {
+                let lo = offset / PAGE * PAGE;
+                let hi = (offset + len)
+                    .div_ceil(PAGE)
+                    .saturating_mul(PAGE)
+                    .min(v.len());
+                (lo..hi)
+                    .step_by(VIEW_PIECE as usize)
+                    .map(move |at| (at, (at + VIEW_PIECE).min(hi)))
+            });
+        for (lo, hi) in pieces {
+            let (views, v, sink) = (views.clone(), v.clone(), self.files().page_sink());
+            let stats = self.stats().clone();
+            let pushes = lock(&self.hints.view_pushes).clone();
+            let job = move || {
+                // Errors reach readers of those bytes through their own reads.
+                let Ok(data) = views.render(&v, lo, (hi - lo) as usize) else {
+                    return;
+                };
+                let Some(sink) = sink.filter(|s| s.holds(ino)) else {
+                    return;
+                };
+                match pushes {
+                    // Never from a view pool thread: a push waits for the page locks of reads
+                    // in flight, whose replies may need a pool thread (a deadlock). A full
+                    // queue drops the push.
+                    Some(tx) => {
+                        let _ = tx.try_send(ViewPush {
+                            ino,
+                            offset: lo,
+                            data,
+                        });
+                    }
+                    None => {
+                        if sink.store(ino, lo, data.as_ref()) {
+                            stats.bytes_pushed.fetch_add(hi - lo, Relaxed);
+                        }
+                    }
+                }
+            };
+            match &pool {
+                Some(pool) => {
+                    // At most RENDERS on the pool: the worker waits (its client with it).
+                    let renders = self.hints.renders.clone();
+                    while renders.load(Relaxed) >= RENDERS && !self.stopped() {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    renders.fetch_add(1, Relaxed);
+                    pool.run(move || {
+                        job();
+                        renders.fetch_sub(1, Relaxed);
+                    });
+                }
+                None => job(),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Starts the hint socket in the cache directory; view renders go to `pool` (the mount's
+    /// view pool; `None`: on the hint worker itself). Returns the socket's path.
+    pub fn start_hints(self: &Arc<Self>, pool: Option<Offload>) -> std::io::Result<PathBuf> {
+        *lock(&self.hints.pool) = pool;
+        let path = self.cache_dir().join(SOCKET_NAME);
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            if !m.file_type().is_socket() {
+                return Err(std::io::Error::new(
+                    ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            // A socket left by an earlier daemon of this cache (one daemon per cache at once).
+            std::fs::remove_file(&path)?;
+        }
+        // sockaddr_un holds 108 bytes: longer paths go through a descriptor of the directory.
+        let (addr, dir) = if path.as_os_str().len() < 100 {
+            (path.clone(), None)
+        } else {
+            let d = std::fs::File::open(self.cache_dir())?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&d);
+            (
+                PathBuf::from(format!("/proc/self/fd/{fd}/{SOCKET_NAME}")),
+                Some(d),
+            )
+        };
+        let listener = UnixListener::bind(&addr)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
+        let me = Arc::downgrade(self);
+        let (ptx, prx) = sync_channel::<ViewPush>(VIEW_PUSHES);
+        let (files, stats) = (self.files().clone(), self.stats().clone());
+        let pusher = std::thread::Builder::new()
+            .name("stagefs-hint-push".into())
+            .spawn(move || {
+                // Ends when the last sender goes (stop_hints, then the render jobs in flight).
+                for p in prx {
+                    let Some(sink) = files.page_sink() else {
+                        continue;
+                    };
+                    if sink.store(p.ino, p.offset, p.data.as_ref()) {
+                        let n = p.data.as_ref().len() as u64;
+                        stats.bytes_pushed.fetch_add(n, Relaxed);
+                    }
+                }
+            })?;
+        *lock(&self.hints.view_pushes) = Some(ptx);
+        lock(&threads).push(pusher);
+        let worker = std::thread::Builder::new()
+            .name("stagefs-hints".into())
+            .spawn(move || work(&me, &rx))?;
+        lock(&threads).push(worker);
+        let (stop2, threads2) = (stop.clone(), threads.clone());
+        let listen = std::thread::Builder::new()
+            .name("stagefs-hint-listen".into())
+            .spawn(move || listen(listener, &tx, &stop2, &threads2))?;
+        lock(&threads).push(listen);
+        *lock(&self.hints.server) = Some(Server {
+            path: path.clone(),
+            addr,
+            stop,
+            threads,
+            _dir: dir,
+        });
+        Ok(path)
+    }
+
+    /// The hint socket, while it runs.
+    pub fn hint_socket(&self) -> Option<PathBuf> {
+        lock(&self.hints.server).as_ref().map(|s| s.path.clone())
+    }
+
+    /// Stops the hint server (if any) and removes its socket.
+    pub(crate) fn stop_hints(&self) {
+        let Some(s) = lock(&self.hints.server).take() else {
+            return;
+        };
+        s.stop.store(true, Relaxed);
+        // The view pusher ends once this and the render jobs' senders are gone.
+        lock(&self.hints.view_pushes).take();
+        // Wakes the listener out of accept().
+        let _ = UnixStream::connect(&s.addr);
+        let threads: Vec<_> = lock(&s.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+        // Threads of clients that connected while we joined.
+        let late: Vec<_> = lock(&s.threads).drain(..).collect();
+        for t in late {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&s.path);
+        lock(&self.hints.pool).take();
+    }
+}
+
+/// The total bytes of `h`'s ranges, if every one lies inside a file of `size` bytes.
+fn check_ranges(h: &Hint, size: u64) -> Result<u64, Rejected> {
+    let mut total = 0u64;
+    for &(offset, len) in &h.ranges {
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Rejected::OutOfRange {
+                path: h.path.clone(),
+                offset,
+                len,
+                size,
+            });
+        }
+        total += len;
+    }
+    Ok(total)
+}
+
+/// The worker: applies lines in order, and pushes hinted blocks as they get cached.
+fn work(core: &Weak<FsCore>, rx: &Receiver<Vec<u8>>) {
+    loop {
+        let wait = match core.upgrade() {
+            Some(c) if c.hints_pending() => Duration::from_millis(2),
+            Some(_) => TICK,
+            None => return,
+        };
+        let got = rx.recv_timeout(wait);
+        let Some(c) = core.upgrade() else { return };
+        match got {
+            Ok(line) => {
+                let _ = c.hint(&line);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        c.push_hinted();
+    }
+}
+
+fn listen(
+    listener: UnixListener,
+    tx: &SyncSender<Vec<u8>>,
+    stop: &Arc<AtomicBool>,
+    threads: &Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    let clients = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Relaxed) {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        if clients.load(Relaxed) >= MAX_CONNECTIONS {
+            warn!("read-order hints: {MAX_CONNECTIONS} clients connected already, refusing one");
+            continue;
+        }
+        clients.fetch_add(1, Relaxed);
+        let (tx, stop, n) = (tx.clone(), stop.clone(), clients.clone());
+        let spawned = std::thread::Builder::new()
+            .name("stagefs-hint-conn".into())
+            .spawn(move || {
+                client(conn, &tx, &stop);
+                n.fetch_sub(1, Relaxed);
+            });
+        match spawned {
+            Ok(t) => {
+                let mut ts = lock(threads);
+                ts.retain(|t| !t.is_finished());
+                ts.push(t);
+            }
+            Err(e) => {
+                clients.fetch_sub(1, Relaxed);
+                warn!(error = %e, "read-order hints: no thread for a client");
+            }
+        }
+    }
+}
+
+/// Reads one client's lines (each at most [`MAX_LINE`]) and queues them for the worker.
+fn client(conn: UnixStream, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
+    // Short timeouts so the thread sees the stop flag; a partial line survives them.
+    if conn.set_read_timeout(Some(TICK)).is_err() {
+        return;
+    }
+    let mut r = BufReader::new(conn);
+    let mut line = Vec::new();
+    let mut skipping = false;
+    while !stop.load(Relaxed) {
+        let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
+        match r.by_ref().take(room).read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        }
+        let ended = line.last() == Some(&b'\n');
+        if ended {
+            line.pop();
+        }
+        if !ended && line.len() <= MAX_LINE {
+            continue;
+        }
+        if skipping {
+            // The rest of an over-long line.
+            skipping = !ended;
+            line.clear();
+            continue;
+        }
+        if !ended {
+            // Over MAX_LINE: handed on (rejected and counted there), the rest skipped.
+            skipping = true;
+        }
+        let mut msg = std::mem::take(&mut line);
+        if msg.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        // Waits while the worker is QUEUE lines behind: back-pressure on the client.
+        loop {
+            match tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if !stop.load(Relaxed) => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return,
+            }
+        }
+    }
+    debug!("read-order hint client stopped with the mount");
+}
