@@ -263,6 +263,10 @@ struct Server {
     addr: PathBuf,
     stop: Arc<AtomicBool>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// The listening socket, to shut down at stop: that wakes accept() even when the socket's
+    /// path is gone (a connect to it would then fail and leave the listener, and the daemon's
+    /// exit, waiting for ever).
+    waker: UnixListener,
     /// Keeps the `/proc/self/fd/N` form of the address valid.
     _dir: Option<std::fs::File>,
 }
@@ -503,6 +507,7 @@ impl FsCore {
             )
         };
         let listener = UnixListener::bind(&addr)?;
+        let waker = listener.try_clone()?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let stop = Arc::new(AtomicBool::new(false));
         let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
@@ -540,6 +545,7 @@ impl FsCore {
             addr,
             stop,
             threads,
+            waker,
             _dir: dir,
         });
         Ok(path)
@@ -558,7 +564,12 @@ impl FsCore {
         s.stop.store(true, Relaxed);
         // The view pusher ends once this and the render jobs' senders are gone.
         lock(&self.hints.view_pushes).take();
-        // Wakes the listener out of accept().
+        // Wakes the listener out of accept(): shutdown makes a blocked accept() fail at once,
+        // whatever became of the socket's path; the connect is for kernels that would not.
+        // SAFETY: shutdown on a descriptor the listener owns (kept open by `s.waker`).
+        unsafe {
+            libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&s.waker), libc::SHUT_RDWR);
+        }
         let _ = UnixStream::connect(&s.addr);
         let threads: Vec<_> = lock(&s.threads).drain(..).collect();
         for t in threads {

@@ -266,3 +266,21 @@ fn the_socket_takes_lines_rejects_bad_ones_and_goes_away_with_the_mount() {
     assert!(!path.exists(), "the socket is removed with the mount");
     assert!(std::os::unix::net::UnixStream::connect(&path).is_err());
 }
+
+/// Regression: unmounting woke the hint listener by connecting to its socket; when the socket's
+/// path was gone (a test's temporary directory removed, a cache directory cleaned), the connect
+/// failed, the listener stayed in accept() and the daemon never exited after the unmount.
+#[test]
+fn shutdown_ends_the_hint_server_even_when_its_socket_path_is_gone() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let path = c.start_hints(None).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        c.shutdown();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("shutdown hung on the hint listener");
+}
