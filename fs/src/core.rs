@@ -48,8 +48,20 @@ pub const CROSS_FILE_COUNT: usize = 32;
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(2);
 /// Name of the snapshot persisted in the cache directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
-/// One rendering of the stats file: when it was made (monotonic, and as its mtime), its bytes.
-type StatsView = (Instant, SystemTime, Arc<[u8]>);
+/// One rendering of the stats file: when it was made (monotonic, and as its mtime), its bytes,
+/// and when it was last served (monotonic).
+type StatsView = (Instant, SystemTime, Arc<[u8]>, Instant);
+
+/// The stats file's size is a multiple of this (the JSON padded with spaces): a rendering of
+/// other counters then has the same size, so a reader never gets the size of one rendering and
+/// the bytes of another (a shorter rendering read to a longer size returned other bytes after
+/// its end: "trailing characters", seen under load).
+pub const STATS_FILE_UNIT: usize = 8 << 10;
+/// A rendering still being read (served within this) is kept, up to [`STATS_VIEW_MAX_AGE`], so
+/// that the pieces of one reader's reads come from one rendering.
+pub const STATS_VIEW_IDLE: Duration = Duration::from_millis(20);
+/// Oldest rendering served, however busy the file is.
+pub const STATS_VIEW_MAX_AGE: Duration = Duration::from_secs(1);
 
 /// How long one rendering of the stats file is served to readers without a handle: long
 /// enough for a reader's attribute request and its reads to see one rendering, short enough
@@ -954,15 +966,25 @@ impl FsCore {
     /// reader the size of one rendering and bytes of others.
     fn stats_view(&self) -> (SystemTime, Arc<[u8]>) {
         let mut v = lock(&self.stats_view);
-        match &*v {
-            Some((at, taken, bytes)) if at.elapsed() < STATS_VIEW_AGE => (*taken, bytes.clone()),
-            _ => {
-                let bytes: Arc<[u8]> = self.stats_json().into_bytes().into();
-                let taken = SystemTime::now();
-                *v = Some((Instant::now(), taken, bytes.clone()));
-                (taken, bytes)
+        if let Some((at, taken, bytes, served)) = &mut *v {
+            let age = at.elapsed();
+            let reading = served.elapsed() < STATS_VIEW_IDLE;
+            if age < STATS_VIEW_AGE || (reading && age < STATS_VIEW_MAX_AGE) {
+                *served = Instant::now();
+                return (*taken, bytes.clone());
             }
         }
+        let mut json = self.stats_json().into_bytes();
+        // Padded to a whole unit with spaces before the final newline (still valid JSON).
+        json.pop();
+        let size = (json.len() + 1).div_ceil(STATS_FILE_UNIT) * STATS_FILE_UNIT;
+        json.resize(size - 1, b' ');
+        json.push(b'\n');
+        let bytes: Arc<[u8]> = json.into();
+        let taken = SystemTime::now();
+        let now = Instant::now();
+        *v = Some((now, taken, bytes.clone(), now));
+        (taken, bytes)
     }
 
     /// The stats file's contents.
