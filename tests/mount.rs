@@ -631,14 +631,16 @@ fn in_order_reader_on_a_warm_cache_is_served_from_pushed_pages() {
     m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(n));
     m.umount();
     // Paths opened from a list, the directory never listed: the kernel holds no inode of the
-    // files ahead, so nothing is pushed (it would be dropped).
+    // files ahead, so almost nothing is pushed. Not exactly nothing: the reader looks up file
+    // i+1 before it opens it, and a walker that gets to i+1 in that gap finds the inode held
+    // and pushes it, rightly (CI saw 1 of 200 as a normal user under load).
     m.mount();
     for i in 0..n / 2 {
         let got = fs::read(m.mnt.join(format!("d/f{i:04}"))).unwrap();
         assert!(got == pattern(i, len(i)), "file {i} differs");
     }
     let s = m.stats();
-    assert_eq!(s["files_pushed"], 0, "{s}");
+    assert!(s["files_pushed"].as_u64().unwrap() <= n / 40, "{s}");
     m.umount();
     // Listed first, as ImageFolder does: the files ahead of the reader are pushed.
     m.mount();
