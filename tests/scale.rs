@@ -1,6 +1,6 @@
 //! A many-small-file dataset through a real mount: 200,000 files read byte-exact, a remount
 //! that lists nothing and re-reads nothing from the source, and a cache whose file count grows
-//! with bytes, not files.
+//! with bytes, not files. And the daemon's memory bound over 10,000 files of 4 MiB.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
@@ -8,6 +8,7 @@ mod common;
 use stagefs_test_support::{test, Need};
 
 use std::fs;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::Mount;
@@ -108,9 +109,71 @@ fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
     m.umount();
 }
 
+/// The daemon's documented memory bound (README "Large files on a normal user's mount"):
+/// the remembered blocks' budget (`fs::files::MEMO_BUDGET`, 64 MiB), blocks in flight (32
+/// fetch threads and 2 pushers, 1 MiB each, counted twice: a block and the reply being
+/// written), and a fixed base (the binary, the snapshot, allocator slack) of 128 MiB.
+const RSS_BOUND: u64 = (64 + 2 * 34 + 128) << 20;
+
+/// Issue 20: the daemon's resident memory stays within [`RSS_BOUND`] whatever the number and
+/// size of the files read: 10,000 files of 4 MiB (sparse: the source costs no disk), 8
+/// readers, each read landing in another 1 MiB block of its file. Every file's last block
+/// remembered (what the daemon did before the budget) would be 10 GB.
+fn daemon_rss_stays_bounded_reading_ten_thousand_files_of_4_mib() {
+    const N: u64 = 10_000;
+    const SIZE: u64 = 4 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let path = |i: u64| format!("d{:03}/f{i:05}", i / 100);
+    for i in 0..N {
+        if i % 100 == 0 {
+            fs::create_dir_all(src.join(format!("d{:03}", i / 100))).unwrap();
+        }
+        let f = fs::File::create(src.join(path(i))).unwrap();
+        f.set_len(SIZE).unwrap();
+        f.write_all_at(&i.to_le_bytes(), (i % 4) << 20).unwrap();
+    }
+    let m = Mount::new(tmp.path(), &src, &["--cache-size", "256M"]);
+    let pid = m.stats()["pid"].as_u64().unwrap();
+    std::thread::scope(|sc| {
+        for t in 0..8 {
+            let (m, path) = (&m, &path);
+            sc.spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                for i in (t..N).step_by(8) {
+                    let f = fs::File::open(m.mnt.join(path(i))).unwrap();
+                    f.read_exact_at(&mut buf, (i % 4) << 20).unwrap();
+                    assert_eq!(buf[..8], i.to_le_bytes(), "file {i}");
+                    assert!(buf[8..].iter().all(|b| *b == 0), "file {i}");
+                }
+            });
+        }
+    });
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |key: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (hwm, rss) = (kib("VmHWM:") << 10, kib("VmRSS:") << 10);
+    eprintln!(
+        "daemon RSS: peak {} MiB, now {} MiB (bound {} MiB)",
+        hwm >> 20,
+        rss >> 20,
+        RSS_BOUND >> 20
+    );
+    assert!(hwm <= RSS_BOUND, "peak RSS {hwm} B over the bound");
+    assert_eq!(m.stats()["error_count"], 0);
+}
+
 fn main() -> std::process::ExitCode {
-    stagefs_test_support::run(vec![test!(
-        two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing,
-        Need::Fuse
-    )])
+    stagefs_test_support::run(vec![
+        test!(
+            two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing,
+            Need::Fuse
+        ),
+        test!(
+            daemon_rss_stays_bounded_reading_ten_thousand_files_of_4_mib,
+            Need::Fuse
+        ),
+    ])
 }

@@ -79,6 +79,9 @@ pub struct FsConfig {
     pub cache_dir: PathBuf,
     /// Cache capacity in bytes.
     pub cache_size: u64,
+    /// Read scratch with `O_DIRECT` (see `prefetch::store::scratch`); off: through the page
+    /// cache.
+    pub direct_scratch: bool,
     /// Worker pool sizing.
     pub fetch: FetchConfig,
     /// Stage the whole tree in the background when it fits.
@@ -239,6 +242,7 @@ impl FsCore {
         let store_cfg = StoreConfig {
             dir: cfg.cache_dir.clone(),
             capacity: cfg.cache_size,
+            direct_reads: cfg.direct_scratch,
         };
         // The directory first (created and checked once), then the cache log replays on one
         // thread while the snapshot loads on this one: a remount with a million cached files is

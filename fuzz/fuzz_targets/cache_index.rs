@@ -38,6 +38,7 @@ fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
     let cfg = StoreConfig {
         dir: dir.clone(),
         capacity: 64 << 20,
+        direct_reads: false,
     };
     if let Ok((store, loaded)) = CacheStore::open(&cfg, Arc::new(Stats::default())) {
         for e in &loaded.entries {

@@ -169,6 +169,20 @@ impl CacheDir {
         Ok(File::from(fd))
     }
 
+    /// Opens the existing regular file `name` for reads that bypass the page cache
+    /// (`O_DIRECT`; never through a symlink). Fails with `EINVAL` where the filesystem has no
+    /// direct I/O.
+    pub fn open_direct(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name.as_ref(),
+            OFlags::RDONLY | OFlags::DIRECT | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Self::check_file(&fd)?;
+        Ok(File::from(fd))
+    }
+
     /// Opens `name` for reading and writing, creating it `0600` if `create` (never through a
     /// symlink; an existing file must be a regular file owned by the user).
     pub fn open_rw(&self, name: impl AsRef<OsStr>, create: bool) -> io::Result<File> {

@@ -420,12 +420,13 @@ impl Source for LocalSource {
     }
 }
 
-/// Reads up to `len` bytes at `off` into the uninitialised capacity of `buf` (fewer only at
-/// end of file); returns how many. The one `pread`-into-spare-capacity loop: source reads and
-/// cache reads both land in fresh memory that is never zeroed first.
+/// Reads up to `len` bytes at `off` into the uninitialised capacity of `buf`, after the bytes
+/// it holds (fewer only at end of file); returns how many. The one `pread`-into-spare-capacity
+/// loop: source reads and cache reads both land in fresh memory that is never zeroed first.
 pub fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
     buf.reserve(len);
+    let start = buf.len();
     let mut done = 0;
     while done < len {
         let spare = &mut buf.spare_capacity_mut()[..len - done];
@@ -450,7 +451,7 @@ pub fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io:
             break;
         }
         // SAFETY: the kernel initialised `n` more bytes.
-        unsafe { buf.set_len(done + n as usize) };
+        unsafe { buf.set_len(start + done + n as usize) };
         done += n as usize;
     }
     Ok(done)

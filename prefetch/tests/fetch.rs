@@ -99,6 +99,7 @@ fn setup(src: TestSource, cfg: FetchConfig) -> (tempfile::TempDir, Arc<TestSourc
         &StoreConfig {
             dir: tmp.path().to_path_buf(),
             capacity: 1 << 30,
+            direct_reads: true,
         },
         Arc::new(Stats::default()),
     )

@@ -3,6 +3,8 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -32,6 +34,7 @@ fn open(dir: &Path, capacity: u64) -> (Arc<CacheStore>, Loaded, Arc<Stats>) {
         &StoreConfig {
             dir: dir.to_path_buf(),
             capacity,
+            direct_reads: true,
         },
         stats.clone(),
     )
@@ -185,6 +188,68 @@ fn corrupted_block_is_a_miss_never_wrong_bytes() {
     assert!(!s.contains(id, 0), "the bad block is dropped");
     assert!(s.insert(id, 0, &data), "and can be fetched again");
     assert_eq!(&s.read(id, 0).unwrap()[..], &data[..]);
+}
+
+/// Pages of `path` in the page cache (`mincore` over a mapping that touches none).
+fn resident_pages(path: &Path) -> usize {
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: a read-only mapping of a file this test owns; only its residency is queried,
+    // its bytes are never read.
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    let pages = map.len().div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` has one byte per page of the mapping, which stays alive for the call.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    vec.iter().filter(|b| *b & 1 == 1).count()
+}
+
+/// Large files' blocks are read back with O_DIRECT: exact (the short last block too), a
+/// corrupt one is a miss, and reading leaves none of the file in scratch's page cache (the
+/// mount's page cache holds the only copy in memory).
+#[test]
+fn own_file_blocks_read_directly_are_exact_verified_and_not_cached_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, _, stats) = open(tmp.path(), 1 << 30);
+    let data = pattern(9, (3 * MB + 12_345) as usize);
+    let id = put(&s, "big", &data, true, 0);
+    s.flush().unwrap();
+    let own = fs::read_dir(tmp.path().join("v2/files"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    // Written back and dropped from the page cache, as after a remount or memory pressure.
+    let f = fs::File::open(&own).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on a descriptor we own; it touches no memory.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0);
+    let droppable = resident_pages(&own) == 0;
+    for b in 0..4u64 {
+        let got = s.read(id, b as u32).unwrap();
+        let lo = (b * MB) as usize;
+        assert!(got[..] == data[lo..lo + block_len(data.len() as u64, b) as usize]);
+    }
+    if droppable {
+        assert_eq!(resident_pages(&own), 0, "a direct read went through the page cache");
+    } else {
+        eprintln!("skipped: the page-cache check needs a TMPDIR on a disk (this one keeps pages)");
+    }
+    // One flipped byte in block 2: never served, dropped, fetched again.
+    let w = fs::OpenOptions::new().write(true).open(&own).unwrap();
+    w.write_all_at(&[data[2 * MB as usize + 7] ^ 0x5a], 2 * MB + 7)
+        .unwrap();
+    assert!(s.read(id, 2).is_none());
+    assert_eq!(
+        stats
+            .corrupt_blocks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(!s.contains(id, 2));
+    assert!(s.read(id, 1).is_some(), "its neighbours are intact");
 }
 
 #[test]
@@ -450,6 +515,7 @@ fn two_mounts_on_one_cache_the_second_is_refused() {
     let cfg = StoreConfig {
         dir: tmp.path().to_path_buf(),
         capacity: 1 << 30,
+        direct_reads: true,
     };
     let (first, _, _) = open(tmp.path(), 1 << 30);
     let err = CacheStore::open(&cfg, Arc::new(Stats::default()))

@@ -112,6 +112,12 @@ pub struct Args {
     /// Kept for scripts written for the previous default; opens are skipped by default now.
     #[arg(long, hide = true, conflicts_with = "daemon_opens")]
     pub skip_open: bool,
+    /// Read the cache on scratch through the page cache instead of with O_DIRECT. By default
+    /// cached blocks are read straight from the device: through the page cache every byte
+    /// costs one more copy and the dataset is held in memory twice (scratch's pages and the
+    /// mount's). A lever to measure (README "Large files").
+    #[arg(long)]
+    pub buffered_scratch: bool,
     /// Do not push cached files into the kernel's page cache ahead of a reader that walks a
     /// directory in order (by default such a reader pays one round trip per 64 files).
     #[arg(long)]
@@ -441,6 +447,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         source: fs::canonicalize(&args.source)?,
         cache_dir: fs::canonicalize(&args.cache)?,
         cache_size,
+        direct_scratch: !args.buffered_scratch,
         fetch: FetchConfig {
             workers: args.fetch_threads as usize,
             read_timeout: args.read_timeout,

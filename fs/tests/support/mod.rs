@@ -83,6 +83,7 @@ pub fn config(src: &Path, cache: &Path) -> FsConfig {
         source: std::fs::canonicalize(src).unwrap(),
         cache_dir: cache.to_path_buf(),
         cache_size: 256 << 20,
+        direct_scratch: true,
         fetch: FetchConfig {
             workers: 4,
             max_queued: 256,

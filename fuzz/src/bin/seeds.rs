@@ -239,6 +239,7 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     let cfg = StoreConfig {
         dir: tmp.clone(),
         capacity: 64 << 20,
+        direct_reads: false,
     };
     let (store, _) =
         CacheStore::open(&cfg, std::sync::Arc::new(Stats::default())).map_err(std::io::Error::other)?;

@@ -36,6 +36,7 @@ use std::io;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -61,8 +62,8 @@ use eviction::{lru_key, Eviction};
 pub use scratch::verify_block;
 use scratch::{aligned, punch_hole, SegState};
 
-/// Own data files kept open: enough for the large files being read and staged at once, far
-/// below the descriptor limit.
+/// Own data files kept open (and as many direct-read descriptors of them): enough for the
+/// large files being read and staged at once, far below the descriptor limit.
 pub const OPEN_DATA_FILES: usize = 256;
 /// The cache format's directory inside the cache directory (cache log, segments, files,
 /// snapshot); caches of other formats beside it are removed at open.
@@ -75,6 +76,9 @@ pub struct StoreConfig {
     pub dir: PathBuf,
     /// Capacity in bytes.
     pub capacity: u64,
+    /// Read blocks back with `O_DIRECT` (where scratch supports it) instead of through the
+    /// page cache.
+    pub direct_reads: bool,
 }
 
 /// The state behind `CacheStore::inner`.
@@ -104,6 +108,10 @@ pub struct CacheStore {
     stats: Arc<Stats>,
     seg_files: RwLock<Vec<Option<Arc<File>>>>,
     own_files: Mutex<LruCache<u32, Arc<File>>>,
+    /// `O_DIRECT` read descriptors of own files, by number.
+    direct_files: Mutex<LruCache<u32, Arc<File>>>,
+    /// Whether blocks are read with `O_DIRECT` (configured; off at the first `EINVAL`).
+    direct: AtomicBool,
 }
 
 impl CacheStore {
@@ -163,6 +171,8 @@ impl CacheStore {
             stats,
             seg_files: RwLock::new(vec![None]),
             own_files: Mutex::new(LruCache::new(cap)),
+            direct_files: Mutex::new(LruCache::new(cap)),
+            direct: AtomicBool::new(cfg.direct_reads),
         };
         let loaded = store.replay().map_err(io_err)?;
         Ok((store, loaded))
@@ -213,9 +223,15 @@ impl CacheStore {
             inner.evict.touch(lru_key(id, slot));
             loc
         };
-        let (file, off) = self.locate(loc)?;
-        if let Some(bytes) = scratch::read_verified(&file, off, loc) {
-            return Some(bytes);
+        let got = match self.read_direct(loc) {
+            Some(got) => got,
+            None => {
+                let (file, off) = self.locate(loc)?;
+                scratch::read_verified(&file, off, loc)
+            }
+        };
+        if got.is_some() {
+            return got;
         }
         // Evicted (hole punched) while we read? Only a block still listed is corrupt.
         let mut inner = lock(&self.inner);
