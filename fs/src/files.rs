@@ -294,10 +294,15 @@ impl Files {
                     }
                     e
                 })?;
-                let mut memo = crate::core::lock(&s.memo);
-                // The old block's bytes go back to the budget before the new one asks.
-                *memo = None;
-                *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
+                {
+                    let mut memo = crate::core::lock(&s.memo);
+                    // The old block's bytes go back to the budget before the new one asks.
+                    *memo = None;
+                    *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
+                }
+                if s.version.size > SMALL_FILE {
+                    self.push_rest(s, idx, &f.data, served.clone());
+                }
                 (f.data, f.hit)
             }
         };
@@ -373,6 +378,27 @@ impl Files {
         }
     }
 
+    /// Offers the pushers the pages of block `idx` of large file `s` that the request reading
+    /// it (`served`) did not ask for: the block is in memory and verified (see
+    /// [`crate::stream`]).
+    fn push_rest(&self, s: &FileState, idx: u64, data: &Bytes, served: Range<usize>) {
+        if self.page_sink().is_none() {
+            return;
+        }
+        let pushers = crate::core::lock(&self.pushers);
+        let Some(p) = pushers.as_ref() else { return };
+        let ino = crate::inode::source_ino(s.node);
+        for r in crate::stream::rest_of_block(data.len(), served) {
+            if !r.is_empty() {
+                p.offer(crate::stream::Push::Bytes {
+                    ino,
+                    offset: idx * BLOCK_SIZE + r.start as u64,
+                    data: data.slice(r),
+                });
+            }
+        }
+    }
+
     /// Offers the pushers the cached blocks ahead of a sequential reader of a large file.
     fn push_ahead(&self, s: &FileState, offset: u64, end: u64) {
         // The file's own lock on every read; the shared one only once per push window.
@@ -381,7 +407,7 @@ impl Files {
         };
         let pushers = crate::core::lock(&self.pushers);
         let Some(p) = pushers.as_ref() else { return };
-        p.offer(crate::stream::Push {
+        p.offer(crate::stream::Push::Blocks {
             ino: crate::inode::source_ino(s.node),
             entry: s.entry,
             size: s.version.size,

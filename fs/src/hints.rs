@@ -356,7 +356,7 @@ impl FsCore {
         if lock(&self.hints.pushed).put((entry, slot), ()).is_some() {
             return;
         }
-        self.files().offer_push(crate::stream::Push {
+        self.files().offer_push(crate::stream::Push::Blocks {
             ino,
             entry,
             size,

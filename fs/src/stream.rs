@@ -16,11 +16,19 @@
 //! the push (the reader's request fetches it as usual). Pushes are hints: a full queue drops
 //! them, and a reader overtaking the pusher simply gets its pages by request.
 //!
+//! Readers that do not stream (`mmap` faults in random order, shuffled pieces) get the rest of
+//! each block they touch: answering a 128 KiB request reads and verifies the whole 1 MiB block,
+//! and its other pages are pushed from memory ([`Push::Bytes`], [`rest_of_block`]) instead of
+//! costing seven more round trips — and, once the block is no longer remembered, seven more
+//! reads of it from scratch.
+//!
 //! [`PUSH_AHEAD`] is 16 MiB: at a local copy's ~1–2 GB/s that is ~10 ms of reading per round
 //! trip, far more than the round trip costs, and 8 readers × 16 MiB is a modest page-cache
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+
+use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
 use stagefs_prefetch::{block_count, EntryId, BLOCK_SIZE};
@@ -34,7 +42,8 @@ pub const PUSH_AHEAD: u64 = 16 << 20;
 pub const SEEK_TOLERANCE: u64 = 256 << 10;
 /// Pusher threads.
 pub const PUSHERS: usize = 2;
-/// Pushes waiting for a thread; more are dropped (readers then request as usual).
+/// Pushes waiting for a thread; more are dropped (readers then request as usual). A queued
+/// [`Push::Bytes`] holds at most a block (1 MiB), so the queue holds at most 64 MiB.
 const QUEUE: usize = 64;
 
 /// Where one file's stream stands.
@@ -71,12 +80,19 @@ impl Stream {
     }
 }
 
-/// One push: blocks `blocks` of cache entry `entry`, as pages of inode `ino`.
-pub(crate) struct Push {
-    pub ino: u64,
-    pub entry: EntryId,
-    pub size: u64,
-    pub blocks: std::ops::Range<u64>,
+/// One push.
+pub(crate) enum Push {
+    /// Cached blocks `blocks` of cache entry `entry` (a file of `size` bytes), as pages of
+    /// inode `ino`: the pusher reads and verifies them.
+    Blocks {
+        ino: u64,
+        entry: EntryId,
+        size: u64,
+        blocks: std::ops::Range<u64>,
+    },
+    /// Verified bytes a reader's request brought into memory already (the rest of a block it
+    /// read), as the pages of inode `ino` at `offset`.
+    Bytes { ino: u64, offset: u64, data: Bytes },
 }
 
 /// The pushers' queue.
@@ -121,23 +137,51 @@ fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
         let Some(sink) = files.page_sink() else {
             continue;
         };
-        let _span = debug_span!("stream push", ino = p.ino, from = p.blocks.start).entered();
-        let store = files.fetcher().store();
         let stats = files.fetcher().stats();
-        let n = block_count(p.size);
-        for slot in p.blocks.start..p.blocks.end.min(n) {
-            // Read and checksummed as for a reader: a corrupt block is dropped, never pushed.
-            let Some(data) = store.read(p.entry, slot as u32) else {
-                break;
-            };
-            if !sink.store(p.ino, slot * BLOCK_SIZE, &data) {
-                break;
-            }
+        let pushed = |n: usize| {
             stats
                 .bytes_pushed
-                .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed)
+        };
+        match p {
+            Push::Blocks {
+                ino,
+                entry,
+                size,
+                blocks,
+            } => {
+                let _span = debug_span!("stream push", ino, from = blocks.start).entered();
+                let store = files.fetcher().store();
+                for slot in blocks.start..blocks.end.min(block_count(size)) {
+                    // Read and checksummed as for a reader: a corrupt block is dropped, never
+                    // pushed.
+                    let Some(data) = store.read(entry, slot as u32) else {
+                        break;
+                    };
+                    if !sink.store(ino, slot * BLOCK_SIZE, &data) {
+                        break;
+                    }
+                    pushed(data.len());
+                }
+            }
+            Push::Bytes { ino, offset, data } => {
+                let _span = debug_span!("block rest push", ino, offset).entered();
+                if sink.store(ino, offset, &data) {
+                    pushed(data.len());
+                }
+            }
         }
     }
+}
+
+/// The pages of a block of `len` bytes that a request for `served` (offsets in the block) did
+/// not cover: whole pages only (a partial page would not become readable).
+pub fn rest_of_block(len: usize, served: std::ops::Range<usize>) -> [std::ops::Range<usize>; 2] {
+    const PAGE: usize = 4096;
+    let before = served.start / PAGE * PAGE;
+    // The block's end counts as a page end (the file's last, partial page).
+    let after = served.end.div_ceil(PAGE).saturating_mul(PAGE).min(len);
+    [0..before, after..len]
 }
 
 #[cfg(test)]
@@ -170,5 +214,17 @@ mod tests {
             None,
             "all pushed already"
         );
+    }
+
+    #[test]
+    fn the_rest_of_a_block_is_whole_pages_around_the_request() {
+        let b = MB as usize;
+        assert_eq!(rest_of_block(b, 0..131072), [0..0, 131072..b]);
+        assert_eq!(rest_of_block(b, 262144..393216), [0..262144, 393216..b]);
+        // Unaligned requests keep their partial pages out of the push.
+        assert_eq!(rest_of_block(b, 5000..9000), [0..4096, 12288..b]);
+        // A short last block: its partial last page is pushed.
+        assert_eq!(rest_of_block(10_000, 0..4096), [0..0, 4096..10_000]);
+        assert_eq!(rest_of_block(b, 0..b), [0..0, b..b]);
     }
 }
