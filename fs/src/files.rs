@@ -114,6 +114,8 @@ pub struct FileState {
     memo: Mutex<Option<Memo>>,
     /// Pushes ahead of a sequential reader ([`crate::stream`]).
     stream: Mutex<crate::stream::Stream>,
+    /// End of the last read request: a pusher skips the blocks a reader has asked for already.
+    read_to: Arc<AtomicU64>,
 }
 
 /// Source files through the cache.
@@ -261,6 +263,7 @@ impl Files {
             ra: Mutex::new(ReadAhead::default()),
             memo: Mutex::new(None),
             stream: Mutex::new(crate::stream::Stream::default()),
+            read_to: Arc::new(AtomicU64::new(0)),
         });
         crate::core::lock(&self.active).put(node, s.clone());
         Ok(s)
@@ -345,6 +348,7 @@ impl Files {
             self.prefetch_bytes(s, ahead);
         }
         if fsize > SMALL_FILE {
+            s.read_to.store(end, Relaxed);
             self.push_ahead(s, offset, end);
         }
         let first = offset / BLOCK_SIZE;
@@ -412,6 +416,7 @@ impl Files {
             entry: s.entry,
             size: s.version.size,
             blocks,
+            read_to: Some(s.read_to.clone()),
         });
     }
 

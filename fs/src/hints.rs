@@ -361,6 +361,7 @@ impl FsCore {
             entry,
             size,
             blocks: slot..slot + 1,
+            read_to: None,
         });
     }
 

@@ -26,6 +26,8 @@
 //! trip, far more than the round trip costs, and 8 readers × 16 MiB is a modest page-cache
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 use bytes::Bytes;
@@ -89,6 +91,9 @@ pub(crate) enum Push {
         entry: EntryId,
         size: u64,
         blocks: std::ops::Range<u64>,
+        /// Where the reader's requests have got to: blocks before it are skipped (the reader
+        /// asked for them, a push would copy them a second time).
+        read_to: Option<Arc<AtomicU64>>,
     },
     /// Verified bytes a reader's request brought into memory already (the rest of a block it
     /// read), as the pages of inode `ino` at `offset`.
@@ -138,21 +143,22 @@ fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
             continue;
         };
         let stats = files.fetcher().stats();
-        let pushed = |n: usize| {
-            stats
-                .bytes_pushed
-                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed)
-        };
+        let pushed = |n: usize| stats.bytes_pushed.fetch_add(n as u64, Relaxed);
         match p {
             Push::Blocks {
                 ino,
                 entry,
                 size,
                 blocks,
+                read_to,
             } => {
                 let _span = debug_span!("stream push", ino, from = blocks.start).entered();
                 let store = files.fetcher().store();
                 for slot in blocks.start..blocks.end.min(block_count(size)) {
+                    let passed = |r: &Arc<AtomicU64>| r.load(Relaxed) > slot * BLOCK_SIZE;
+                    if read_to.as_ref().is_some_and(passed) {
+                        continue;
+                    }
                     // Read and checksummed as for a reader: a corrupt block is dropped, never
                     // pushed.
                     let Some(data) = store.read(entry, slot as u32) else {

@@ -233,7 +233,11 @@ fn own_file_blocks_read_directly_are_exact_verified_and_not_cached_twice() {
         assert!(got[..] == data[lo..lo + block_len(data.len() as u64, b) as usize]);
     }
     if droppable {
-        assert_eq!(resident_pages(&own), 0, "a direct read went through the page cache");
+        assert_eq!(
+            resident_pages(&own),
+            0,
+            "a direct read went through the page cache"
+        );
     } else {
         eprintln!("skipped: the page-cache check needs a TMPDIR on a disk (this one keeps pages)");
     }
