@@ -784,8 +784,9 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     const MB: usize = 1 << 20;
     let data = Arc::new(pattern(20, 40 * MB + 12_345));
     fs::write(src.join("big.bin"), &*data).unwrap();
-    // The unprivileged path, also as root (passthrough would serve cached files in the kernel).
-    let mut m = Mount::new(tmp.path(), &src, &["--no-passthrough"]);
+    // The unprivileged path, also as root (passthrough would serve cached files in the kernel);
+    // pushes ahead of streaming readers are a lever, on here to be tested.
+    let mut m = Mount::new(tmp.path(), &src, &["--no-passthrough", "--push-ahead"]);
     m.wait_stats("staging", |s| s["files_staged"].as_u64() == Some(1));
     m.umount();
     let path = m.mnt.join("big.bin");
@@ -840,6 +841,18 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     }
     drop(f);
     m.umount();
+    // mmap rows in random order (np.load(mmap_mode="r") with shuffled rows): every byte
+    // exact, and the rest of each block a fault touches is pushed, so most faults find their
+    // pages (324 requests of 128 KiB without).
+    m.mount();
+    let rows = mmap_rows_in_random_order(&path, &src.join("big.bin"));
+    assert_eq!(rows, "ok 641", "mmap rows differ");
+    let s = m.stats();
+    assert!(
+        s["reads"].as_u64().unwrap() < 162,
+        "no block rest was pushed: {s}"
+    );
+    m.umount();
     m.mount();
     let out = Command::new("python3")
         .arg("-c")
@@ -888,12 +901,52 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     }
     assert_eq!(corrupted, 1, "one scratch file holds the large file");
     m.mount();
+    assert_eq!(
+        mmap_rows_in_random_order(&path, &src.join("big.bin")),
+        "ok 641",
+        "a corrupt block's rest was pushed or its rows served"
+    );
+    assert!(m.stats()["corrupt_blocks"].as_u64().unwrap() >= 1);
+    m.umount();
+    // Corrupted again for the streaming reader's pushes.
+    for f in fs::read_dir(m.cache.join("v2/files")).unwrap().flatten() {
+        if f.metadata().unwrap().len() >= 40 * MB as u64 {
+            let file = fs::OpenOptions::new().write(true).open(f.path()).unwrap();
+            file.write_all_at(b"CORRUPT", (5 * MB + 77) as u64).unwrap();
+        }
+    }
+    m.mount();
     assert!(
         read_seq(&path) == *data,
         "a corrupt block was pushed or served"
     );
     let s = m.stats();
     assert!(s["corrupt_blocks"].as_u64().unwrap() >= 1, "{s}");
+}
+
+/// Touches 64 KiB rows of `path` through `mmap` in a random order and compares each with
+/// `source`: "ok ROWS", or the first row that differs.
+fn mmap_rows_in_random_order(path: &Path, source: &Path) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import mmap,random,sys\n\
+             f=open(sys.argv[1],'rb'); m=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\n\
+             src=open(sys.argv[2],'rb').read(); row=65536\n\
+             rows=list(range(0,len(m),row)); random.Random(20).shuffle(rows)\n\
+             bad=[r for r in rows if m[r:r+row]!=src[r:r+row]]\n\
+             print(f'differs at {bad[0]}' if bad else f'ok {len(rows)}')",
+        )
+        .arg(path)
+        .arg(source)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// Regression (found by the Loader's hint tests): as root, concurrent opens of a large cached

@@ -474,6 +474,12 @@ impl FsCore {
         self.files.set_page_sink(sink);
     }
 
+    /// Whether streaming readers of large files get the file pushed ahead of them
+    /// ([`crate::stream`]; off by default).
+    pub fn set_push_ahead(&self, on: bool) {
+        self.files.set_push_ahead(on);
+    }
+
     /// Whether a request about inode `ino` (or, with `name`, about its child `name`) may render
     /// a view: anything under `.npy/`, and `.npy` itself (its first use builds the view set).
     /// The adapter runs those on its view pool ([`crate::offload`]). No lock for source inodes.

@@ -19,7 +19,7 @@ use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -128,6 +128,8 @@ pub struct Files {
     xfile: Mutex<Option<SyncSender<NodeId>>>,
     sink: RwLock<Option<Arc<dyn PageSink>>>,
     pushers: Mutex<Option<crate::stream::Pushers>>,
+    /// Push large files ahead of streaming readers (a lever, off by default).
+    push_ahead: AtomicBool,
     /// Bytes held by all files' remembered blocks.
     memo_held: Arc<AtomicU64>,
 }
@@ -146,6 +148,7 @@ impl Files {
             xfile: Mutex::new(None),
             sink: RwLock::new(None),
             pushers: Mutex::new(None),
+            push_ahead: AtomicBool::new(false),
             memo_held: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -159,6 +162,11 @@ impl Files {
     /// fuser adapter's notifier), or stops it (`None`).
     pub fn set_page_sink(&self, sink: Option<Arc<dyn PageSink>>) {
         *self.sink.write().unwrap_or_else(|p| p.into_inner()) = sink;
+    }
+
+    /// Whether streaming readers of large files get the file pushed ahead of them.
+    pub fn set_push_ahead(&self, on: bool) {
+        self.push_ahead.store(on, Relaxed);
     }
 
     /// The page sink, if pushing is on.
@@ -386,7 +394,7 @@ impl Files {
     /// it (`served`) did not ask for: the block is in memory and verified (see
     /// [`crate::stream`]).
     fn push_rest(&self, s: &FileState, idx: u64, data: &Bytes, served: Range<usize>) {
-        if self.page_sink().is_none() {
+        if crate::core::lock(&s.stream).streaming() || self.page_sink().is_none() {
             return;
         }
         let pushers = crate::core::lock(&self.pushers);
@@ -409,6 +417,9 @@ impl Files {
         let Some(blocks) = crate::core::lock(&s.stream).on_read(offset, end, s.version.size) else {
             return;
         };
+        if !self.push_ahead.load(Relaxed) {
+            return;
+        }
         let pushers = crate::core::lock(&self.pushers);
         let Some(p) = pushers.as_ref() else { return };
         p.offer(crate::stream::Push::Blocks {

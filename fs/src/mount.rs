@@ -31,6 +31,9 @@ pub struct MountOptions {
     pub readdirplus: bool,
     /// Large files are opened for direct I/O (a lever to measure; needs daemon opens).
     pub direct_io_large: bool,
+    /// Also push the next [`crate::stream::PUSH_AHEAD`] of a large file ahead of a reader
+    /// streaming it (with `push`; a lever to measure, see [`crate::stream`]).
+    pub push_ahead: bool,
 }
 
 /// Pushes pages through the session's notifier (`FUSE_NOTIFY_STORE`).
@@ -100,6 +103,7 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
     let session = session.spawn()?;
     if opts.push {
         core.set_page_sink(Some(Arc::new(NotifySink(session.notifier(), lookups))));
+        core.set_push_ahead(opts.push_ahead);
     }
     // Read-order hints render on the same view pool; without the socket the mount still serves.
     if let Err(e) = core.start_hints(Some(pool)) {
