@@ -115,12 +115,18 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", choices=["view", "raw"], help="one of the two measurements")
+    ap.add_argument("--generate", metavar="DIR", help="only generate the dataset into DIR")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before every mount (root): cold reads of SRC")
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "debug", "stagefs"))
     # Root gets passthrough, which serves verified large files itself (and, as of this writing,
     # fails their opens with EIO): the hints are about the daemon-served path a user gets.
     ap.add_argument("--mount-args", default="--no-passthrough" if os.geteuid() == 0 else "",
                     help="extra `stagefs mount` arguments (default as root: --no-passthrough)")
     a = ap.parse_args()
+    if a.generate:
+        generate(a.generate, a.images, a.raw_mb, a.image_size)
+        return
     work = a.work or tempfile.mkdtemp(prefix="stagefs-hints-bench-")
     src = a.src or os.path.join(work, "src")
     if not a.src:
@@ -131,6 +137,10 @@ def main():
     for r in range(a.rounds):
         for what in whats:
             for hints in (True, False):
+                if a.drop_caches:
+                    subprocess.run(["sync"], check=True)
+                    with open("/proc/sys/vm/drop_caches", "w") as f:
+                        f.write("3\n")
                 load = os.getloadavg()
                 secs, rows, nbytes, s = run(a.bin, src, work, what, hints, a.batch, a.image_size,
                                                a.mount_args.split())

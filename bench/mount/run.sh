@@ -5,6 +5,8 @@
 #   bench/mount/run.sh backend    part 1 only        bench/mount/run.sh scale    part 2 only
 #   bench/mount/run.sh levers     the FUSE-lever experiment (slow backend, small files)
 #   bench/mount/run.sh all        parts 1 and 2 and the levers
+#   bench/mount/run.sh hints      stagefs.Loader with and without read-order hints, cold, over
+#                                 the slow backend (bench/loader_hints_bench.py; needs .venv)
 #   bench/mount/run.sh report RESULTS.jsonl...   the report again, from saved results
 #   bench/mount/run.sh clean      unmount the RAM disk, delete $WORK (keeps nothing)
 #
@@ -33,7 +35,7 @@
 # SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq,
 # DATASETS=small,large, SIDES=seed,user,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
 # SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
-# run), CACHE_SIZE=8G (the mounts' --cache-size), SCRATCH_FS=ext4|tmpfs, SCRATCH_SIZE=9g.
+# run), HINT_IMAGES=4000, HINT_RAW_MB=1024, CACHE_SIZE=8G (the mounts' --cache-size), SCRATCH_FS=ext4|tmpfs, SCRATCH_SIZE=9g.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -55,12 +57,19 @@ SCALE_CLASSES=${SCALE_CLASSES:-1000}
 SCALE_ROUNDS=${SCALE_ROUNDS:-$ROUNDS}
 CACHE_SIZE=${CACHE_SIZE:-8G}
 PY=/usr/bin/python3  # not a venv's: the unprivileged user runs it too
+VENV_PY=$REPO/.venv/bin/python  # the hint benchmark: numpy, Pillow and the stagefs package
+HINT_IMAGES=${HINT_IMAGES:-4000}
+HINT_RAW_MB=${HINT_RAW_MB:-1024}
 
 SCRATCH_FS=${SCRATCH_FS:-ext4}
 SCRATCH_SIZE=${SCRATCH_SIZE:-9g}
 RAM=$WORK/ram          # tmpfs: the backend image, and scratch's backing file
 IMG=$RAM/backend.img
 PARAMS="large=${LARGE_FILES}x${LARGE_MB}MB small=${SMALL_FILES}x${SMALL_KB}KB/${SMALL_CLASSES}"
+if [ "${1:-}" = hints ]; then
+  IMG=$RAM/hints.img
+  PARAMS="hints images=$HINT_IMAGES raw=${HINT_RAW_MB}MB"
+fi
 SOCK=$WORK/nbdkit.sock
 NBD=$WORK/nbd          # nbdfuse mountpoint; the device is the file $NBD/disk
 BIGDATA=$WORK/bigdata  # the slow filesystem (ext4, read-only)
@@ -76,8 +85,8 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 
 cmd=${1:-default}
 [ "$cmd" = report ] && { shift; exec "$PY" "$HERE/bench.py" report "$@"; }
-case $cmd in default | all | backend | scale | levers | clean) ;;
-  *) die "unknown command $cmd (default, all, backend, scale, levers, report, clean)" ;; esac
+case $cmd in default | all | backend | scale | levers | hints | clean) ;;
+  *) die "unknown command $cmd (default, all, backend, scale, levers, hints, report, clean)" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (drop_caches, loop devices, nbdfuse); run it as root"
 
 # Whether something is mounted at $1 (mountinfo, not stat: root may not stat another user's FUSE
@@ -169,8 +178,13 @@ backend_up() {
     local gen=$WORK/gen
     mkdir -p "$gen"
     mount -o loop "$IMG" "$gen"
-    "$PY" "$HERE/gen.py" backend "$gen" "$LARGE_FILES" "$LARGE_MB" "$SMALL_FILES" \
-      "$SMALL_CLASSES" "$SMALL_KB" || { umount "$gen"; die "generating the datasets failed"; }
+    if [ "$cmd" = hints ]; then
+      "$VENV_PY" "$REPO/bench/loader_hints_bench.py" --generate "$gen" --images "$HINT_IMAGES" \
+        --raw-mb "$HINT_RAW_MB" || { umount "$gen"; die "generating the hint dataset failed"; }
+    else
+      "$PY" "$HERE/gen.py" backend "$gen" "$LARGE_FILES" "$LARGE_MB" "$SMALL_FILES" \
+        "$SMALL_CLASSES" "$SMALL_KB" || { umount "$gen"; die "generating the datasets failed"; }
+    fi
     umount "$gen"
     echo "$PARAMS" >"$RAM/params"
   fi
@@ -193,6 +207,15 @@ part_backend() {
     --datasets "${DATASETS:-small,large}" --sides "${SIDES:-seed,user,root}" \
     --params "$PARAMS rate=${RATE_MBS}MB/s delay=${DELAY_MS}ms" ||
     log "part 1 ended with an error (partial results in $out)"
+}
+
+part_hints() {
+  # As root with --no-passthrough (the daemon-served path a user gets); every mount on a fresh
+  # cache on scratch, caches dropped before each: the view rendered and the raw file fetched
+  # from the slow backend.
+  mkdir -p "$SCRATCH/root/hints"
+  "$VENV_PY" "$REPO/bench/loader_hints_bench.py" --src "$BIGDATA" --bin "$BIN/stagefs" \
+    --work "$SCRATCH/root/hints" --rounds "$ROUNDS" --drop-caches | tee "$RESULTS/hints-$stamp.txt"
 }
 
 part_levers() {
@@ -250,6 +273,7 @@ case $cmd in
   backend) backend_up; part_backend ;;
   levers) backend_up; part_levers ;;
   scale) part_scale ;;
+  hints) backend_up; part_hints; teardown; exit 0 ;;
 esac
 teardown
 trap - EXIT
