@@ -5,6 +5,8 @@
 #   bench/mount/run.sh backend    part 1 only        bench/mount/run.sh scale    part 2 only
 #   bench/mount/run.sh levers     the FUSE-lever experiment (slow backend, small files)
 #   bench/mount/run.sh all        parts 1 and 2 and the levers
+#   bench/mount/run.sh large [ARGS]  large files: in order, shuffled, mmap random rows, caches
+#                                 dropped and kept, CPU-s per GB (bench/mount/large.sh)
 #   bench/mount/run.sh hints      stagefs.Loader with and without read-order hints, cold, over
 #                                 the slow backend (bench/loader_hints_bench.py; needs .venv)
 #   bench/mount/run.sh report RESULTS.jsonl...   the report again, from saved results
@@ -85,6 +87,7 @@ die() { echo "run.sh: $*" >&2; exit 1; }
 
 cmd=${1:-default}
 [ "$cmd" = report ] && { shift; exec "$PY" "$HERE/bench.py" report "$@"; }
+[ "$cmd" = large ] && { shift; exec "$HERE/large.sh" "$@"; }
 case $cmd in default | all | backend | scale | levers | hints | clean) ;;
   *) die "unknown command $cmd (default, all, backend, scale, levers, hints, report, clean)" ;; esac
 [ "$(id -u)" = 0 ] || die "needs root (drop_caches, loop devices, nbdfuse); run it as root"
