@@ -42,12 +42,12 @@ pub struct Args {
     pub fast_decode: bool,
     /// Image views: largest image accepted, in pixels (width × height; K/M/G suffixes are
     /// powers of 1024); larger images are bad inputs (zero slots).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    #[arg(long, default_value = "64M", value_parser = super::units::parse_size)]
     pub max_image_pixels: u64,
     /// Image views: pixels all decodes in flight may hold at once (bounds memory whatever -j
     /// is; an image that cannot fit is decoded at a reduced scale or reported as bad); at
     /// least 1M.
-    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    #[arg(long, default_value = "32M", value_parser = super::units::parse_size)]
     pub decode_budget: u64,
     /// --to npy: also write the image views of every subdirectory (each class folder and
     /// every level in between), as the mount shows them. Default: the image view of each SRC
@@ -91,7 +91,7 @@ pub struct Args {
     pub bad_rows: String,
     /// Parquet: memory budget for the whole job (bytes, or with a K/M/G suffix): sets the
     /// size of the units read at once and of the cache that saves re-parsing in pass 2.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = super::units::parse_size)]
     pub memory_budget: u64,
     /// Hide the progress bar.
     #[arg(long, short = 'q')]
@@ -112,32 +112,6 @@ pub fn parse_image_size(text: &str) -> Result<u32, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a whole number of pixels"))?;
     stagefs_views::view::check_image_size(n)
-}
-
-/// Parses a byte size such as `1073741824`, `512M`, `1G` or `1.5GiB` (powers of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (e.g. 512M, 1G)"))?;
-    let scale = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 1u64,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        _ => return Err(format!("'{text}': unknown unit (use K, M, G or T)")),
-    };
-    Ok((value * scale as f64) as u64)
 }
 
 /// Runs `stagefs convert`; returns the process exit code.

@@ -10,3 +10,4 @@ pub mod run;
 pub mod stat;
 pub mod stream;
 pub mod sync;
+pub mod units;

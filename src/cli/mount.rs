@@ -50,8 +50,9 @@ pub struct Args {
     #[arg(long, conflicts_with = "index")]
     pub rescan: bool,
     /// Re-check a file's or directory's metadata on SOURCE when it was last checked more than
-    /// SECONDS ago (for sources that change while mounted; costs metadata requests).
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// DURATION ago (seconds, or e.g. 5m; for sources that change while mounted; costs metadata
+    /// requests).
+    #[arg(long, value_name = "DURATION", value_parser = super::units::parse_positive_duration)]
     pub revalidate: Option<Duration>,
     /// Metadata requests kept in flight while listing SOURCE (parallel filesystems answer
     /// concurrent requests far faster than serial ones).
@@ -63,7 +64,7 @@ pub struct Args {
     pub cache: PathBuf,
     /// Cache capacity: bytes or with a suffix K, M, G, T (powers of 1024). Default: 90% of the
     /// free space on the cache's filesystem.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = super::units::parse_size)]
     pub cache_size: Option<u64>,
     /// Side S of images in `.npy/` views (shorter side resized to S, center crop S×S); 1..=8192.
     #[arg(long, default_value_t = 224, value_parser = super::convert::parse_image_size)]
@@ -75,11 +76,11 @@ pub struct Args {
     pub fast_decode: bool,
     /// Image views: largest image decoded, in pixels (width × height; K/M/G = powers of 1024);
     /// larger ones read as zeros and are listed as errors.
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    #[arg(long, default_value = "64M", value_parser = super::units::parse_size)]
     pub max_image_pixels: u64,
     /// Image views: pixels all decodes in flight (FUSE reads and background rendering) may hold
     /// at once, bounding the daemon's decode memory (~3 bytes a pixel); at least 1M.
-    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    #[arg(long, default_value = "32M", value_parser = super::units::parse_size)]
     pub decode_budget: u64,
     /// Make reads of a view fail with EIO when an input image is corrupt (default: zeros).
     #[arg(long)]
@@ -91,8 +92,8 @@ pub struct Args {
     #[arg(long)]
     pub no_passthrough: bool,
     /// Longest a reader waits for one block from SOURCE before its read fails with ETIMEDOUT
-    /// (a hung parallel filesystem must not hang the training job forever).
-    #[arg(long, value_name = "SECONDS", default_value = "300", value_parser = parse_seconds)]
+    /// (a hung parallel filesystem must not hang the training job forever). Seconds, or e.g. 5m.
+    #[arg(long, value_name = "DURATION", default_value = "300", value_parser = super::units::parse_positive_duration)]
     pub read_timeout: Duration,
     /// Source reads kept in flight ahead of readers (read-ahead, prefetch, staging).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
@@ -156,45 +157,6 @@ pub struct UmountArgs {
     /// Detach even if busy (lazy unmount): the mount goes away when its last user closes.
     #[arg(long, short = 'l')]
     pub lazy: bool,
-}
-
-/// Parses a positive number of seconds (fractions allowed).
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !(v.is_finite() && v > 0.0 && v < 1e9) {
-        return Err(format!("{s:?}: give a positive number of seconds"));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-/// Parses `123`, `64K`, `10M`, `1.5G`, `2T` (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                'B' => 1,
-                _ => return Err(format!("unknown size suffix {c:?} (use K, M, G or T)")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    let n: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 500G)"))?;
-    if n.is_nan() || n < 0.0 {
-        return Err(format!("{s:?} is not a size"));
-    }
-    Ok((n * mult as f64) as u64)
 }
 
 fn check_args(args: &Args) -> anyhow::Result<()> {
@@ -621,19 +583,4 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("100").unwrap(), 100);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
-        assert_eq!(parse_size("2t").unwrap(), 2 << 40);
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("lots").is_err());
-    }
 }

@@ -49,11 +49,11 @@ pub struct Args {
     #[arg(long = "sync", value_name = "SRC:DST")]
     pub syncs: Vec<String>,
     /// Interval between syncs while CMD runs (0 = only on SIGUSR1 and at the end).
-    #[arg(long, value_name = "DURATION", default_value = "10m")]
-    pub every: humantime::Duration,
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = super::units::parse_duration)]
+    pub every: Duration,
     /// After SIGTERM/SIGINT, how long CMD may take to exit before it is killed.
-    #[arg(long, value_name = "DURATION", default_value = "10s")]
-    pub grace: humantime::Duration,
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::units::parse_duration)]
+    pub grace: Duration,
     /// Files copied in parallel per sync [default: 16].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
@@ -207,13 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             });
         }
     };
-    let status = supervise(
-        &child,
-        &syncer,
-        &syncs,
-        args.every.into(),
-        args.grace.into(),
-    );
+    let status = supervise(&child, &syncer, &syncs, args.every, args.grace);
     drop(child);
 
     let mut sync_ok = true;

@@ -40,8 +40,8 @@ pub struct Args {
     pub dst: PathBuf,
     /// Repeat a pass every DURATION (e.g. 30s, 10m, 1h) until SIGTERM, SIGINT or SIGUSR1,
     /// then run one last pass and exit.
-    #[arg(long, value_name = "DURATION")]
-    pub every: Option<humantime::Duration>,
+    #[arg(long, value_name = "DURATION", value_parser = super::units::parse_positive_duration)]
+    pub every: Option<std::time::Duration>,
     /// Also compare the contents of files whose size and mtime match (reads both copies).
     #[arg(long)]
     pub verify: bool,
@@ -70,8 +70,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let report = pass(&syncer, &args.src, &args.dst, !args.quiet)?;
         return Ok(finish(&args.src, &args.dst, &report, args.quiet));
     };
-    let every: std::time::Duration = every.into();
-    anyhow::ensure!(!every.is_zero(), "--every must be longer than 0s");
     let stop = StopSignals::install(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])
         .context("installing signal handlers")?;
     loop {
