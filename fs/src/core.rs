@@ -474,6 +474,12 @@ impl FsCore {
         self.files.set_page_sink(sink);
     }
 
+    /// Whether metadata is re-checked while mounted (`--revalidate`) instead of a snapshot
+    /// served as taken.
+    pub fn revalidating(&self) -> bool {
+        self.cfg.revalidate.is_some()
+    }
+
     /// Whether streaming readers of large files get the file pushed ahead of them
     /// ([`crate::stream`]; off by default).
     pub fn set_push_ahead(&self, on: bool) {

@@ -36,6 +36,26 @@ pub struct MountOptions {
     pub push_ahead: bool,
 }
 
+impl MountOptions {
+    /// These options under the rules every mount holds, whatever it was asked:
+    /// - passthrough needs `CAP_SYS_ADMIN` (registering backing files): off for other users;
+    /// - with revalidation (`revalidating`) a file may change while mounted, and pages the
+    ///   kernel keeps across opens, or that were pushed, would outlive its old version: the
+    ///   kernel asks at every open and nothing is pushed;
+    /// - direct I/O for large files is chosen at open: the daemon's opens are needed.
+    pub fn settled(&self, revalidating: bool) -> MountOptions {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        MountOptions {
+            passthrough: self.passthrough && root,
+            skip_open: self.skip_open && !revalidating && !self.direct_io_large,
+            push: self.push && !revalidating,
+            push_ahead: self.push_ahead && self.push && !revalidating,
+            ..self.clone()
+        }
+    }
+}
+
 /// Pushes pages through the session's notifier (`FUSE_NOTIFY_STORE`).
 /// Only inodes the kernel holds: it drops pages pushed to others (and answers ENOENT, which
 /// fuser does not pass on).
@@ -71,6 +91,7 @@ impl Mounted {
 
 /// Mounts `core` at `mountpoint`; returns once the kernel has completed the FUSE handshake.
 pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+    let opts = &opts.settled(core.revalidating());
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::RO,
@@ -113,4 +134,39 @@ pub fn mount(core: Arc<FsCore>, mountpoint: &Path, opts: &MountOptions) -> io::R
         session,
         unmounter: Some(unmounter),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asked() -> MountOptions {
+        MountOptions {
+            passthrough: true,
+            threads: 8,
+            allow_other: false,
+            skip_open: true,
+            push: true,
+            readdirplus: true,
+            direct_io_large: false,
+            push_ahead: true,
+        }
+    }
+
+    #[test]
+    fn revalidation_and_direct_io_keep_the_daemons_opens_and_stop_pushes() {
+        let s = asked().settled(false);
+        assert!(s.skip_open && s.push && s.push_ahead);
+        let s = asked().settled(true);
+        assert!(!s.skip_open && !s.push && !s.push_ahead, "{s:?}");
+        let s = MountOptions {
+            direct_io_large: true,
+            ..asked()
+        }
+        .settled(false);
+        assert!(!s.skip_open && s.push);
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(asked().settled(false).passthrough, root);
+    }
 }

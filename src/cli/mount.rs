@@ -447,17 +447,14 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
     };
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    // What was asked; `mount` applies the rules (passthrough only as root, no skipped opens
+    // nor pushes under --revalidate, daemon opens for direct I/O): MountOptions::settled.
     let opts = MountOptions {
-        // Registering backing files needs CAP_SYS_ADMIN.
-        passthrough: !args.no_passthrough && root,
+        passthrough: !args.no_passthrough,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
-        // --revalidate: a file may change, and pages the kernel keeps across opens (or that
-        // were pushed) would outlive its old version.
-        skip_open: !args.daemon_opens && !args.direct_io && args.revalidate.is_none(),
-        push: !args.no_push && args.revalidate.is_none(),
+        skip_open: !args.daemon_opens,
+        push: !args.no_push,
         readdirplus: !args.no_readdirplus,
         direct_io_large: args.direct_io,
         push_ahead: args.push_ahead,
