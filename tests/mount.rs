@@ -889,17 +889,20 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
         );
     }
     m.umount();
-    // A corrupted block of the cached copy is neither pushed nor served.
-    let mut corrupted = 0;
-    // Large files are kept as exact copies, one scratch file each, under files/.
-    for f in fs::read_dir(m.cache.join("v2/files")).unwrap().flatten() {
-        if f.metadata().unwrap().len() >= 40 * MB as u64 {
-            let file = fs::OpenOptions::new().write(true).open(f.path()).unwrap();
-            file.write_all_at(b"CORRUPT", (5 * MB + 77) as u64).unwrap();
-            corrupted += 1;
+    // A corrupted block of the cached copy is neither pushed nor served. Large files are kept
+    // as exact copies, one scratch file each, under files/.
+    let corrupt = |cache: &Path| {
+        let mut corrupted = 0;
+        for f in fs::read_dir(cache.join("v2/files")).unwrap().flatten() {
+            if f.metadata().unwrap().len() >= 40 * MB as u64 {
+                let file = fs::OpenOptions::new().write(true).open(f.path()).unwrap();
+                file.write_all_at(b"CORRUPT", (5 * MB + 77) as u64).unwrap();
+                corrupted += 1;
+            }
         }
-    }
-    assert_eq!(corrupted, 1, "one scratch file holds the large file");
+        assert_eq!(corrupted, 1, "one scratch file holds the large file");
+    };
+    corrupt(&m.cache);
     m.mount();
     assert_eq!(
         mmap_rows_in_random_order(&path, &src.join("big.bin")),
@@ -909,12 +912,7 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     assert!(m.stats()["corrupt_blocks"].as_u64().unwrap() >= 1);
     m.umount();
     // Corrupted again for the streaming reader's pushes.
-    for f in fs::read_dir(m.cache.join("v2/files")).unwrap().flatten() {
-        if f.metadata().unwrap().len() >= 40 * MB as u64 {
-            let file = fs::OpenOptions::new().write(true).open(f.path()).unwrap();
-            file.write_all_at(b"CORRUPT", (5 * MB + 77) as u64).unwrap();
-        }
-    }
+    corrupt(&m.cache);
     m.mount();
     assert!(
         read_seq(&path) == *data,
@@ -927,24 +925,19 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
 /// Touches 64 KiB rows of `path` through `mmap` in a random order and compares each with
 /// `source`: "ok ROWS", or the first row that differs.
 fn mmap_rows_in_random_order(path: &Path, source: &Path) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import mmap,random,sys\n\
+    let out = common::output_ok(
+        Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import mmap,random,sys\n\
              f=open(sys.argv[1],'rb'); m=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\n\
              src=open(sys.argv[2],'rb').read(); row=65536\n\
              rows=list(range(0,len(m),row)); random.Random(20).shuffle(rows)\n\
              bad=[r for r in rows if m[r:r+row]!=src[r:r+row]]\n\
              print(f'differs at {bad[0]}' if bad else f'ok {len(rows)}')",
-        )
-        .arg(path)
-        .arg(source)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+            )
+            .arg(path)
+            .arg(source),
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

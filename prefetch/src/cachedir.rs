@@ -159,26 +159,21 @@ impl CacheDir {
 
     /// Opens the existing regular file `name` for reading (never through a symlink).
     pub fn open_read(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name.as_ref(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-            Mode::empty(),
-        )?;
-        Self::check_file(&fd)?;
-        Ok(File::from(fd))
+        self.open_existing(name.as_ref(), OFlags::RDONLY | OFlags::NONBLOCK)
     }
 
     /// Opens the existing regular file `name` for reads that bypass the page cache
     /// (`O_DIRECT`; never through a symlink). Fails with `EINVAL` where the filesystem has no
     /// direct I/O.
     pub fn open_direct(&self, name: impl AsRef<OsStr>) -> io::Result<File> {
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name.as_ref(),
-            OFlags::RDONLY | OFlags::DIRECT | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        self.open_existing(name.as_ref(), OFlags::RDONLY | OFlags::DIRECT)
+    }
+
+    /// Opens the existing regular file `name`, owned by the user, with `flags` (never through a
+    /// symlink, never inherited by a child).
+    fn open_existing(&self, name: &OsStr, flags: OFlags) -> io::Result<File> {
+        let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&self.fd, name, flags, Mode::empty())?;
         Self::check_file(&fd)?;
         Ok(File::from(fd))
     }

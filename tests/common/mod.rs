@@ -240,3 +240,14 @@ pub fn assert_same_tree(src: &Path, mnt: &Path) {
     }
     assert!(files > 0);
 }
+
+/// Runs `cmd` to completion; its output, after asserting it succeeded (its stderr otherwise).
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
