@@ -534,7 +534,6 @@ impl FsCore {
         s.source = self.cfg.source.display().to_string();
         let scan = self.snapshot.scan_stats();
         s.metadata_requests = scan.requests;
-        s.replies_dropped = crate::fuse::DROPPED_REPLIES.load(Relaxed);
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());

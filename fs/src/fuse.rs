@@ -35,10 +35,6 @@ use crate::core::{lock, Attr, FsCore};
 use crate::error::FsError;
 use crate::offload::Offload;
 
-/// Replies fuser could not send because the kernel had given up on the request (interrupted
-/// readers); counted by the daemon's log layer, reported in the stats as `replies_dropped`.
-pub static DROPPED_REPLIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// Kernel read-ahead asked for: 1 MiB, one cache block per request (the kernel caps it at what
 /// it offers: 128 KiB for most mounts unless an admin raises the bdi's read_ahead_kb).
 pub const MAX_READAHEAD: u32 = 1 << 20;

@@ -58,6 +58,9 @@ pub struct Stats {
     pub reader_wait_ns: AtomicU64,
     /// Cached blocks whose checksum or header did not match (served from the source instead).
     pub corrupt_blocks: AtomicU64,
+    /// Replies the FUSE layer could not send because the kernel had given up on the request
+    /// (an interrupted reader); counted by the daemon's log layer.
+    pub replies_dropped: AtomicU64,
     /// Times a cache write failed (scratch full or failing; reads went to the source).
     pub cache_full_events: AtomicU64,
     /// Tensor view chunks rendered.
@@ -187,6 +190,7 @@ impl Default for Stats {
             fetches_in_flight: AtomicU64::new(0),
             reader_wait_ns: AtomicU64::new(0),
             corrupt_blocks: AtomicU64::new(0),
+            replies_dropped: AtomicU64::new(0),
             cache_full_events: AtomicU64::new(0),
             views_rendered: AtomicU64::new(0),
             view_bytes: AtomicU64::new(0),
@@ -269,6 +273,7 @@ impl Stats {
             fetches_in_flight: self.fetches_in_flight.load(Relaxed),
             reader_wait_s: self.reader_wait_ns.load(Relaxed) as f64 / 1e9,
             corrupt_blocks: self.corrupt_blocks.load(Relaxed),
+            replies_dropped: self.replies_dropped.load(Relaxed),
             cache_full_events: self.cache_full_events.load(Relaxed),
             views_rendered: self.views_rendered.load(Relaxed),
             view_bytes: self.view_bytes.load(Relaxed),

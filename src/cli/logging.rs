@@ -6,6 +6,10 @@
 //! escape codes are only noise for `grep` and editors.
 
 use std::io::IsTerminal;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+
+use stagefs_prefetch::Stats;
 use tracing_subscriber::EnvFilter;
 
 /// Whether log lines may carry ANSI colour codes: stderr is a terminal and `NO_COLOR` is unset
@@ -21,13 +25,25 @@ fn is_dropped_reply(m: &tracing::Metadata<'_>) -> bool {
     *m.level() == tracing::Level::ERROR && m.target().starts_with("fuser::reply")
 }
 
+/// Where dropped replies are counted: the mount's statistics, once the mount has them (the
+/// log is set up before the cache is opened).
+static REPLY_STATS: OnceLock<Arc<Stats>> = OnceLock::new();
+
+/// Counts the replies [`is_dropped_reply`] matches from now on into `stats`
+/// (`replies_dropped`). The first call wins: a process serves one mount.
+pub fn count_dropped_replies_in(stats: Arc<Stats>) {
+    let _ = REPLY_STATS.set(stats);
+}
+
 /// Counts the replies [`is_dropped_reply`] matches.
 struct DroppedReplies;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for DroppedReplies {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         if is_dropped_reply(event.metadata()) {
-            stagefs_fs::fuse::DROPPED_REPLIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(stats) = REPLY_STATS.get() {
+                stats.replies_dropped.fetch_add(1, Relaxed);
+            }
         }
     }
 }
@@ -57,15 +73,15 @@ pub fn init(default: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering::Relaxed;
 
     #[test]
     fn failed_fuse_replies_are_counted_not_logged_as_errors() {
         // The message fuser logs (through the `log` crate) when the kernel gave up on a request.
         init("info");
-        let before = stagefs_fs::fuse::DROPPED_REPLIES.load(Relaxed);
+        let stats = Arc::new(Stats::default());
+        count_dropped_replies_in(stats.clone());
         tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: No such file or directory");
         tracing::error!(target: "stagefs::other", "a real error is not counted");
-        assert_eq!(stagefs_fs::fuse::DROPPED_REPLIES.load(Relaxed), before + 1);
+        assert_eq!(stats.replies_dropped.load(Relaxed), 1);
     }
 }

@@ -447,6 +447,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
     };
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
+    super::logging::count_dropped_replies_in(core.stats().clone());
     // What was asked; `mount` applies the rules (passthrough only as root, no skipped opens
     // nor pushes under --revalidate, daemon opens for direct I/O): MountOptions::settled.
     let opts = MountOptions {
