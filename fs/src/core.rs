@@ -14,6 +14,7 @@
 //! large files can be handed to the kernel for passthrough once verified in this mount (the
 //! verification runs in the background, off the read path).
 
+use stagefs_prefetch::locks::lock;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -170,12 +171,6 @@ enum Handle {
     },
     Bytes(Vec<u8>),
     View(Arc<OpenView>),
-}
-
-/// Locks a mutex, recovering from poisoning: the data behind these locks stays structurally
-/// valid if a holder panicked, and the mount must keep serving.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The filesystem.

@@ -15,6 +15,8 @@
 //! is bounded for the whole daemon ([`MEMO_BUDGET`]): without the bound, 4096 active files ×
 //! 1 MiB could pin 4 GiB; past it a block is served without being remembered.
 
+use stagefs_prefetch::locks;
+use stagefs_prefetch::locks::lock;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
@@ -161,7 +163,7 @@ impl Files {
     /// Lets the walker push cached files into the kernel's page cache through `sink` (the
     /// fuser adapter's notifier), or stops it (`None`).
     pub fn set_page_sink(&self, sink: Option<Arc<dyn PageSink>>) {
-        *self.sink.write().unwrap_or_else(|p| p.into_inner()) = sink;
+        *locks::write(&self.sink) = sink;
     }
 
     /// Whether streaming readers of large files get the file pushed ahead of them.
@@ -171,7 +173,7 @@ impl Files {
 
     /// The page sink, if pushing is on.
     pub fn page_sink(&self) -> Option<Arc<dyn PageSink>> {
-        self.sink.read().unwrap_or_else(|p| p.into_inner()).clone()
+        locks::read(&self.sink).clone()
     }
 
     /// Bytes held by the files' remembered blocks (at most [`MEMO_BUDGET`]).
@@ -194,7 +196,7 @@ impl Files {
 
     /// The entry bound to `node`, if any.
     pub fn bound(&self, node: NodeId) -> Option<EntryId> {
-        let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let t = locks::read(&self.entries);
         let id = t.get(node as usize)?.load(Relaxed);
         (id != NONE).then_some(id)
     }
@@ -202,7 +204,7 @@ impl Files {
     /// Binds `node` to `entry` unless it already has one; returns the entry it has now.
     fn bind(&self, node: NodeId, entry: EntryId) -> EntryId {
         {
-            let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+            let t = locks::read(&self.entries);
             if let Some(slot) = t.get(node as usize) {
                 return match slot.compare_exchange(NONE, entry, Relaxed, Relaxed) {
                     Ok(_) => entry,
@@ -210,7 +212,7 @@ impl Files {
                 };
             }
         }
-        let mut t = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = locks::write(&self.entries);
         let want = (self.snapshot.len().max(node as usize + 1) + 1024).next_power_of_two();
         while t.len() < want {
             t.push(AtomicU32::new(NONE));
@@ -223,7 +225,7 @@ impl Files {
 
     /// Forgets the entry of `node` (its source changed): a later read caches the new version.
     pub fn unbind(&self, node: NodeId) {
-        let t = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let t = locks::read(&self.entries);
         if let Some(slot) = t.get(node as usize) {
             let old = slot.swap(NONE, Relaxed);
             if old != NONE {
@@ -231,7 +233,7 @@ impl Files {
             }
         }
         drop(t);
-        crate::core::lock(&self.active).pop(&node);
+        lock(&self.active).pop(&node);
     }
 
     /// The cache entry of file `node` (version `version`, path `rel`), created if it has none.
@@ -257,7 +259,7 @@ impl Files {
 
     /// The read state of file `node` (attributes `attr`).
     pub fn state(&self, node: NodeId, attr: &NodeAttr) -> Result<Arc<FileState>, FsError> {
-        if let Some(s) = crate::core::lock(&self.active).get(&node) {
+        if let Some(s) = lock(&self.active).get(&node) {
             return Ok(s.clone());
         }
         let rel: Arc<Path> = self.snapshot.path(node).ok_or(FsError::NotFound)?.into();
@@ -273,7 +275,7 @@ impl Files {
             stream: Mutex::new(crate::stream::Stream::default()),
             read_to: Arc::new(AtomicU64::new(0)),
         });
-        crate::core::lock(&self.active).put(node, s.clone());
+        lock(&self.active).put(node, s.clone());
         Ok(s)
     }
 
@@ -289,7 +291,7 @@ impl Files {
     /// Block `idx` of `s` for a reader, counting bytes `lo..hi` of it as served.
     fn block(&self, s: &FileState, idx: u64, served: Range<usize>) -> Result<Bytes, FsError> {
         let stats = self.stats();
-        let remembered = crate::core::lock(&s.memo)
+        let remembered = lock(&s.memo)
             .as_ref()
             .filter(|m| u64::from(m.idx) == idx)
             .map(|m| m.data.clone());
@@ -306,7 +308,7 @@ impl Files {
                     e
                 })?;
                 {
-                    let mut memo = crate::core::lock(&s.memo);
+                    let mut memo = lock(&s.memo);
                     // The old block's bytes go back to the budget before the new one asks.
                     *memo = None;
                     *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
@@ -352,7 +354,7 @@ impl Files {
             return Ok(ReadData::Gathered(Vec::new()));
         }
         self.stats().reads.fetch_add(1, Relaxed);
-        if let Some(ahead) = crate::core::lock(ra).on_read(offset, u64::from(size), fsize) {
+        if let Some(ahead) = lock(ra).on_read(offset, u64::from(size), fsize) {
             self.prefetch_bytes(s, ahead);
         }
         if fsize > SMALL_FILE {
@@ -385,7 +387,7 @@ impl Files {
 
     /// Offers the pushers cached blocks to hand to the kernel (dropped when they are busy).
     pub(crate) fn offer_push(&self, push: crate::stream::Push) {
-        if let Some(p) = crate::core::lock(&self.pushers).as_ref() {
+        if let Some(p) = lock(&self.pushers).as_ref() {
             p.offer(push);
         }
     }
@@ -394,10 +396,10 @@ impl Files {
     /// it (`served`) did not ask for: the block is in memory and verified (see
     /// [`crate::stream`]).
     fn push_rest(&self, s: &FileState, idx: u64, data: &Bytes, served: Range<usize>) {
-        if crate::core::lock(&s.stream).streaming() || self.page_sink().is_none() {
+        if lock(&s.stream).streaming() || self.page_sink().is_none() {
             return;
         }
-        let pushers = crate::core::lock(&self.pushers);
+        let pushers = lock(&self.pushers);
         let Some(p) = pushers.as_ref() else { return };
         let ino = crate::inode::source_ino(s.node);
         for r in crate::stream::rest_of_block(data.len(), served) {
@@ -414,13 +416,13 @@ impl Files {
     /// Offers the pushers the cached blocks ahead of a sequential reader of a large file.
     fn push_ahead(&self, s: &FileState, offset: u64, end: u64) {
         // The file's own lock on every read; the shared one only once per push window.
-        let Some(blocks) = crate::core::lock(&s.stream).on_read(offset, end, s.version.size) else {
+        let Some(blocks) = lock(&s.stream).on_read(offset, end, s.version.size) else {
             return;
         };
         if !self.push_ahead.load(Relaxed) {
             return;
         }
-        let pushers = crate::core::lock(&self.pushers);
+        let pushers = lock(&self.pushers);
         let Some(p) = pushers.as_ref() else { return };
         p.offer(crate::stream::Push::Blocks {
             ino: crate::inode::source_ino(s.node),
@@ -477,7 +479,7 @@ impl Files {
         if size > SMALL_FILE {
             return;
         }
-        if let Some(tx) = crate::core::lock(&self.xfile).as_ref() {
+        if let Some(tx) = lock(&self.xfile).as_ref() {
             if let Err(TrySendError::Disconnected(_)) = tx.try_send(node) {
                 warn!("cross-file prefetch thread is gone");
             }
@@ -492,7 +494,7 @@ impl Files {
             return Ok(None);
         }
         let (tx, rx) = std::sync::mpsc::sync_channel::<NodeId>(64);
-        *crate::core::lock(&self.xfile) = Some(tx);
+        *lock(&self.xfile) = Some(tx);
         let me = self.clone();
         Ok(Some(
             std::thread::Builder::new()
@@ -505,14 +507,14 @@ impl Files {
     /// is set; see [`crate::stream`]).
     pub fn start_pushers(self: &Arc<Self>) -> std::io::Result<()> {
         let p = crate::stream::Pushers::start(self)?;
-        *crate::core::lock(&self.pushers) = Some(p);
+        *lock(&self.pushers) = Some(p);
         Ok(())
     }
 
     /// Ends the cross-file thread and the pushers (they exit when their channels close).
     pub fn stop(&self) {
-        crate::core::lock(&self.xfile).take();
-        if let Some(p) = crate::core::lock(&self.pushers).take() {
+        lock(&self.xfile).take();
+        if let Some(p) = lock(&self.pushers).take() {
             p.stop();
         }
     }

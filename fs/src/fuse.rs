@@ -17,6 +17,7 @@
 //! One backing id per inode is shared by its open handles ([`BackingCache`], one lock); if
 //! registering a backing file fails, passthrough is switched off for the rest of the mount.
 
+use stagefs_prefetch::locks;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -31,9 +32,10 @@ use fuser::{
 use stagefs_prefetch::FileKind;
 use tracing::{info, warn};
 
-use crate::core::{lock, Attr, FsCore};
+use crate::core::{Attr, FsCore};
 use crate::error::FsError;
 use crate::offload::Offload;
+use stagefs_prefetch::locks::lock;
 
 /// Kernel read-ahead asked for: 1 MiB, one cache block per request (the kernel caps it at what
 /// it offers: 128 KiB for most mounts unless an admin raises the bdi's read_ahead_kb).
@@ -65,18 +67,18 @@ impl Lookups {
     pub fn add(&self, ino: u64) {
         let Some(i) = Self::slot(ino) else {
             if ino >= crate::inode::VIRTUAL_BASE {
-                *crate::core::lock(&self.views).entry(ino).or_default() += 1;
+                *lock(&self.views).entry(ino).or_default() += 1;
             }
             return;
         };
         {
-            let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+            let c = locks::read(&self.counts);
             if let Some(n) = c.get(i) {
                 n.fetch_add(1, Relaxed);
                 return;
             }
         }
-        let mut c = self.counts.write().unwrap_or_else(|p| p.into_inner());
+        let mut c = locks::write(&self.counts);
         let want = (i + 1).next_power_of_two();
         while c.len() < want {
             c.push(std::sync::atomic::AtomicU32::new(0));
@@ -87,7 +89,7 @@ impl Lookups {
     /// The kernel forgot `n` lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         let Some(i) = Self::slot(ino) else {
-            let mut views = crate::core::lock(&self.views);
+            let mut views = lock(&self.views);
             if let Some(k) = views.get_mut(&ino) {
                 *k = k.saturating_sub(n);
                 if *k == 0 {
@@ -96,7 +98,7 @@ impl Lookups {
             }
             return;
         };
-        let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+        let c = locks::read(&self.counts);
         if let Some(k) = c.get(i) {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
             let _ = k.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
@@ -106,9 +108,9 @@ impl Lookups {
     /// Whether the kernel holds inode `ino`.
     pub fn held(&self, ino: u64) -> bool {
         if ino >= crate::inode::VIRTUAL_BASE {
-            return crate::core::lock(&self.views).contains_key(&ino);
+            return lock(&self.views).contains_key(&ino);
         }
-        let c = self.counts.read().unwrap_or_else(|p| p.into_inner());
+        let c = locks::read(&self.counts);
         Self::slot(ino)
             .and_then(|i| c.get(i))
             .is_some_and(|k| k.load(Relaxed) > 0)

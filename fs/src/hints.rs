@@ -56,9 +56,10 @@ use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
 use tracing::{debug, warn};
 
 use crate::control::VIEW_DIR;
-use crate::core::{lock, FsCore};
+use crate::core::FsCore;
 use crate::offload::Offload;
 use crate::views::OpenView;
+use stagefs_prefetch::locks::lock;
 
 /// Name of the hint socket in the cache directory.
 pub const SOCKET_NAME: &str = "hints.sock";

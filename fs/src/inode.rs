@@ -5,6 +5,7 @@
 //! Snapshot ids are dense `u32`s, so the two ranges never meet, and a source inode number costs
 //! nothing to keep: the mapping is arithmetic. Virtual numbers are few (one per view file).
 
+use stagefs_prefetch::locks;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::RwLock;
@@ -62,23 +63,17 @@ impl InodeTable {
             let id = ino.checked_sub(1)?;
             return Some(Node::Source(u32::try_from(id).ok()?));
         }
-        let t = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let t = locks::read(&self.inner);
         let i = usize::try_from(ino - VIRTUAL_BASE).ok()?;
         t.nodes.get(i).cloned().map(Node::Virtual)
     }
 
     /// The inode number of virtual node `node`, assigning one if it has none.
     pub fn ino(&self, node: Virtual) -> u64 {
-        if let Some(ino) = self
-            .inner
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_node
-            .get(&node)
-        {
+        if let Some(ino) = locks::read(&self.inner).by_node.get(&node) {
             return *ino;
         }
-        let mut t = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = locks::write(&self.inner);
         if let Some(ino) = t.by_node.get(&node) {
             return *ino;
         }

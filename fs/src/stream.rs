@@ -34,6 +34,7 @@
 //! trip, far more than the round trip costs, and 8 readers × 16 MiB is a modest page-cache
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
+use stagefs_prefetch::locks::lock;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -143,7 +144,7 @@ impl Pushers {
 
     /// Queues `push`; dropped when the queue is full (a hint, never a wait).
     pub fn offer(&self, push: Push) {
-        if let Some(tx) = crate::core::lock(&self.tx).as_ref() {
+        if let Some(tx) = lock(&self.tx).as_ref() {
             // A full or closed queue drops the push: it is a hint.
             let _ = tx.try_send(push);
         }
@@ -151,13 +152,13 @@ impl Pushers {
 
     /// Closes the queue: the threads end after the push in hand.
     pub fn stop(&self) {
-        crate::core::lock(&self.tx).take();
+        lock(&self.tx).take();
     }
 }
 
 fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
     loop {
-        let next = crate::core::lock(rx).recv();
+        let next = lock(rx).recv();
         let Ok(p) = next else { return };
         let Some(sink) = files.page_sink() else {
             continue;

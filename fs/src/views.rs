@@ -31,9 +31,9 @@ use stagefs_views::{
 };
 use tracing::{debug_span, warn};
 
-use crate::core::lock;
 use crate::files::{Files, ReadData};
 use crate::snapshot::{NodeAttr, Snapshot, ROOT};
+use stagefs_prefetch::locks::lock;
 
 /// Views waiting for background rendering; more are dropped (reads render on demand anyway).
 const BACKGROUND_QUEUE: usize = 16;

@@ -24,6 +24,7 @@
 //! time, a demand read one per block it covers, and the queues hold block *names* only, at most
 //! [`FetchConfig::max_queued`] of them.
 
+use crate::locks;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::path::Path;
@@ -36,7 +37,8 @@ use bytes::Bytes;
 use tracing::{debug, debug_span, warn};
 
 use crate::error::SourceError;
-use crate::source::{lock, Source, Version};
+use crate::locks::lock;
+use crate::source::{Source, Version};
 use crate::stats::Stats;
 use crate::store::cache_log::record::EntryId;
 use crate::store::CacheStore;
@@ -432,7 +434,7 @@ fn wait_for(slot: &Slot, timeout: Duration) -> Option<Outcome> {
     let mut done = lock(&slot.done);
     while done.is_none() {
         done = match deadline {
-            None => slot.cv.wait(done).unwrap_or_else(|p| p.into_inner()),
+            None => locks::wait(&slot.cv, done),
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {

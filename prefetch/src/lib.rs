@@ -17,6 +17,7 @@ pub mod cachedir;
 pub mod error;
 pub mod fetch;
 pub mod hash;
+pub mod locks;
 pub mod readahead;
 pub mod source;
 pub mod staging;

@@ -18,6 +18,7 @@
 //! Opening a file on a parallel filesystem costs milliseconds, so file and directory
 //! descriptors are kept in small LRUs.
 
+use crate::locks::lock;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -495,12 +496,6 @@ fn io_err(rel: &Path, e: io::Error) -> SourceError {
             source: e,
         }
     }
-}
-
-/// Locks a mutex, recovering from poisoning: a panicked holder leaves data that is still
-/// structurally valid here (caches), and the mount must keep serving.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

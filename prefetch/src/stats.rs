@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::source::lock;
+use crate::locks::lock;
 
 /// Errors remembered for the stats file; older ones are counted but dropped.
 pub const MAX_ERRORS: usize = 100;

@@ -34,6 +34,7 @@ mod revalidate;
 mod scan;
 mod tree;
 
+use stagefs_prefetch::locks;
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -43,7 +44,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWr
 use std::time::{Duration, Instant, SystemTime};
 
 use stagefs_prefetch::cachedir::CacheDir;
-use stagefs_prefetch::source::{check_rel, lock, Meta, Source};
+use stagefs_prefetch::locks::lock;
+use stagefs_prefetch::source::{check_rel, Meta, Source};
 
 pub use error::SnapshotError;
 use tree::{DirState, Tree, NO_PARENT};
@@ -159,11 +161,11 @@ impl Inner {
     fn read(&self) -> RwLockReadGuard<'_, Tree> {
         // A panicked writer leaves a structurally valid tree (every mutation keeps the
         // invariants step by step), and the mount must keep serving.
-        self.tree.read().unwrap_or_else(|p| p.into_inner())
+        locks::read(&self.tree)
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Tree> {
-        self.tree.write().unwrap_or_else(|p| p.into_inner())
+        locks::write(&self.tree)
     }
 
     fn source(&self) -> Result<&Arc<dyn Source>, SnapshotError> {

@@ -17,7 +17,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use stagefs_prefetch::source::{lock, FileKind};
+use stagefs_prefetch::locks::lock;
+use stagefs_prefetch::source::FileKind;
 use stagefs_prefetch::SourceError;
 
 use super::scan::clean;

@@ -22,6 +22,7 @@
 //! unlisted in a saved file) are *lazy*: listed on the first caller's thread, with any other
 //! waiting caller helping with the stat chunks.
 
+use stagefs_prefetch::locks;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -29,7 +30,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use stagefs_prefetch::source::{lock, DirName, FileKind, Meta, Source};
+use stagefs_prefetch::locks::lock;
+use stagefs_prefetch::source::{DirName, FileKind, Meta, Source};
 use stagefs_prefetch::SourceError;
 
 use super::tree::{valid_name, DirState, Progress, Tree, PENDING};
@@ -157,7 +159,7 @@ fn worker(inner: Arc<Inner>) {
                 if inner.unfinished.load(Ordering::SeqCst) == 0 {
                     return;
                 }
-                q = inner.work.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = locks::wait(&inner.work, q);
             }
         };
         match job {
@@ -448,11 +450,7 @@ impl Inner {
                         waited: timeout,
                     });
                 }
-                q = self
-                    .done
-                    .wait_timeout(q, deadline - now)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+                q = locks::wait_timeout(&self.done, q, deadline - now);
             }
             drop(q);
             // Lazy, or listed inline by another caller with chunks left: do the work here.
@@ -472,11 +470,7 @@ impl Inner {
                 return Err(SnapshotError::ScanStopped);
             }
             // Timed, so a missed wake-up could only delay, never hang.
-            q = self
-                .done
-                .wait_timeout(q, Duration::from_secs(1))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            q = locks::wait_timeout(&self.done, q, Duration::from_secs(1));
         }
     }
 

@@ -11,7 +11,8 @@
 //! [`Loaded`] is what opening the cache found, for the filesystem to bind to its nodes; the
 //! lifecycle methods (`create`, `bind`, `forget`, `contains`, `is_complete`) are here too.
 
-use crate::source::{lock, Version};
+use crate::locks::lock;
+use crate::source::Version;
 use crate::BLOCK_SIZE;
 
 use super::cache_log::append;

@@ -46,7 +46,7 @@ use tracing::warn;
 
 use crate::cachedir::CacheDir;
 use crate::error::CacheError;
-use crate::source::lock;
+use crate::locks::lock;
 use crate::stats::Stats;
 
 pub mod cache_log;

@@ -24,6 +24,7 @@
 //!   buffered; the kernel writes dirty pages back before a direct read of their range, so a
 //!   block just written reads back exact.
 
+use crate::locks;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -37,7 +38,8 @@ use super::cache_log::append;
 use super::cache_log::record::{EntryId, KeyKind, Loc, Record, OWN_FILE};
 use super::entries::ABSENT;
 use super::{CacheStore, Inner};
-use crate::source::{lock, read_uninit};
+use crate::locks::lock;
+use crate::source::read_uninit;
 use crate::BLOCK_SIZE;
 
 /// Largest segment: 1 GiB keeps the number of segment files (and open descriptors) at about
@@ -178,9 +180,7 @@ impl CacheStore {
     }
 
     pub(super) fn seg_file(&self, n: u32) -> Option<Arc<File>> {
-        self.seg_files
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        locks::read(&self.seg_files)
             .get(n as usize)
             .cloned()
             .flatten()
@@ -241,7 +241,7 @@ impl CacheStore {
                 live: 0,
                 exists: true,
             });
-            let mut files = self.seg_files.write().unwrap_or_else(|p| p.into_inner());
+            let mut files = locks::write(&self.seg_files);
             if files.len() <= n as usize {
                 files.resize(n as usize + 1, None);
             }
@@ -304,12 +304,7 @@ impl CacheStore {
         if s.live == 0 && seg != active && s.exists {
             s.exists = false;
             let _ = self.segdir.remove(name(seg));
-            if let Some(f) = self
-                .seg_files
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_mut(seg as usize)
-            {
+            if let Some(f) = locks::write(&self.seg_files).get_mut(seg as usize) {
                 *f = None;
             }
         }

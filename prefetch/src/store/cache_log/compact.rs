@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use tracing::debug;
 
-use crate::source::lock;
+use crate::locks::lock;
 
 use super::super::entries::{Entries, Loaded, LoadedEntry};
 use super::super::eviction::{lru_key, Eviction};

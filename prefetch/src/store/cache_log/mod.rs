@@ -36,7 +36,7 @@ use std::io;
 use std::sync::Mutex;
 
 use crate::cachedir::CacheDir;
-use crate::source::lock;
+use crate::locks::lock;
 
 use record::Record;
 

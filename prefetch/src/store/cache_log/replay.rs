@@ -2,6 +2,7 @@
 //! each record to the entry table; then the eviction order, segment occupancy and own files are
 //! rebuilt from what survived, and files nothing refers to are removed.
 
+use crate::locks;
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,7 +10,8 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use crate::source::{lock, Version};
+use crate::locks::lock;
+use crate::source::Version;
 
 use super::super::entries::{slot_bound, Entry, Loaded, LoadedEntry, ABSENT, MAX_SLOT_BYTES};
 use super::super::eviction::{lru_key, Eviction};
@@ -130,7 +132,7 @@ impl CacheStore {
                 }
             }
         }
-        *self.seg_files.write().unwrap_or_else(|p| p.into_inner()) = seg_files;
+        *locks::write(&self.seg_files) = seg_files;
         let owned: HashSet<u32> = inner
             .entries
             .iter()
