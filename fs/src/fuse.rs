@@ -32,8 +32,8 @@ use fuser::{
 use stagefs_prefetch::FileKind;
 use tracing::{info, warn};
 
-use crate::core::{Attr, FsCore};
 use crate::error::FsError;
+use crate::fscore::{Attr, FsCore};
 use crate::offload::Offload;
 use stagefs_prefetch::locks::lock;
 
@@ -573,7 +573,7 @@ impl Filesystem for FuseFs {
     }
 }
 
-fn open_flags(o: &crate::core::Opened) -> FopenFlags {
+fn open_flags(o: &crate::fscore::Opened) -> FopenFlags {
     let mut fopen = FopenFlags::empty();
     if o.keep_cache {
         fopen |= FopenFlags::FOPEN_KEEP_CACHE;

@@ -56,7 +56,7 @@ use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
 use tracing::{debug, warn};
 
 use crate::control::VIEW_DIR;
-use crate::core::FsCore;
+use crate::fscore::FsCore;
 use crate::offload::Offload;
 use crate::views::OpenView;
 use stagefs_prefetch::locks::lock;

@@ -1,7 +1,7 @@
 //! The stagefs filesystem: a read-only mirror of a source tree served from a metadata snapshot
 //! through the scratch cache, plus virtual control files and tensor views.
 //!
-//! [`core::FsCore`] holds all behaviour as plain methods (lookup, getattr, readdir, open, read,
+//! [`fscore::FsCore`] holds all behaviour (named `fscore`, not `core`, which is Rust's) as plain methods (lookup, getattr, readdir, open, read,
 //! release) that tests call without a kernel mount; [`fuse`] is a thin adapter that translates
 //! fuser requests and replies, mapping errors to errno in one place ([`error`]).
 //!
@@ -15,9 +15,9 @@
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
 pub mod control;
-pub mod core;
 pub mod error;
 pub mod files;
+pub mod fscore;
 pub mod fuse;
 pub mod hints;
 pub mod inode;
@@ -28,7 +28,7 @@ pub mod stream;
 pub mod views;
 pub mod walk;
 
-pub use crate::core::{FsConfig, FsCore};
+pub use crate::fscore::{FsConfig, FsCore};
 pub use error::FsError;
 /// What the CLI needs of the cache layer, so it does not reach into `stagefs-prefetch`.
 pub use stagefs_prefetch::{cachedir::CacheDir, hash::stable_hash, FetchConfig, StatsSnapshot};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL, SessionUnmounter};
 
-use crate::core::FsCore;
+use crate::fscore::FsCore;
 use crate::fuse::{FuseFs, Lookups};
 
 /// Session options.

@@ -6,7 +6,7 @@
 //! walker finds the file's place in its directory from the snapshot (O(1): children are an id
 //! range) and, per directory, remembers where the last reader was:
 //!
-//! - **Prefetch** (any reader): the next [`CROSS_FILE_COUNT`](crate::core::CROSS_FILE_COUNT)
+//! - **Prefetch** (any reader): the next [`CROSS_FILE_COUNT`](crate::fscore::CROSS_FILE_COUNT)
 //!   files of the directory that are not cached yet go to the fetcher's read-ahead queue; a
 //!   window per directory means a reader costs one hand-out per half window, and files already
 //!   cached cost one check each — no path is built, nothing is allocated per file.

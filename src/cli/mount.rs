@@ -404,7 +404,7 @@ fn serve(args: Args) -> anyhow::Result<i32> {
         })?;
     let joined = mounted.join();
     core.shutdown();
-    stagefs_fs::core::log_summary(&core);
+    stagefs_fs::fscore::log_summary(&core);
     joined.context("FUSE session ended with an error")?;
     Ok(0)
 }
@@ -424,7 +424,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
             ..FetchConfig::default()
         },
         stage: !args.no_staging,
-        cross_file: stagefs_fs::core::CROSS_FILE_COUNT,
+        cross_file: stagefs_fs::fscore::CROSS_FILE_COUNT,
         image_size: args.image_size,
         strict_views: args.strict_views,
         index: args

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use stagefs_fs::core::Attr;
+use stagefs_fs::fscore::Attr;
 use stagefs_fs::{FsConfig, FsCore, FsError};
 use stagefs_prefetch::source::DirName;
 use stagefs_prefetch::{FetchConfig, LocalSource, Meta, Source, SourceError, Version};
