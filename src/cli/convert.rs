@@ -31,24 +31,8 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum)]
     pub to: Target,
-    /// Image views: side S of the S×S crops (shorter side resized to S, then center crop);
-    /// 1..=8192.
-    #[arg(long, default_value_t = 224, value_parser = parse_image_size)]
-    pub image_size: u32,
-    /// Image views: decode JPEGs at a reduced scale in the DCT domain (the smallest M/8 that
-    /// keeps the shorter side ≥ S), then resize: about twice as fast, a few levels from Pillow.
-    /// Default: exact (Pillow's pixels).
-    #[arg(long)]
-    pub fast_decode: bool,
-    /// Image views: largest image accepted, in pixels (width × height; K/M/G suffixes are
-    /// powers of 1024); larger images are bad inputs (zero slots).
-    #[arg(long, default_value = "64M", value_parser = super::units::parse_size)]
-    pub max_image_pixels: u64,
-    /// Image views: pixels all decodes in flight may hold at once (bounds memory whatever -j
-    /// is; an image that cannot fit is decoded at a reduced scale or reported as bad); at
-    /// least 1M.
-    #[arg(long, default_value = "32M", value_parser = super::units::parse_size)]
-    pub decode_budget: u64,
+    #[command(flatten)]
+    pub image: ImageArgs,
     /// --to npy: also write the image views of every subdirectory (each class folder and
     /// every level in between), as the mount shows them. Default: the image view of each SRC
     /// only (tables are written at every level either way).
@@ -103,6 +87,30 @@ impl Args {
     pub fn inputs_and_out(&self) -> (&[String], PathBuf) {
         (&self.inputs, self.out.clone())
     }
+}
+
+/// The image-view flags, the same for `convert` and `mount` (the mount's views equal converted
+/// files only if both are given the same).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ImageArgs {
+    /// Image views: side S of the S×S crops (shorter side resized to S, then center crop);
+    /// 1..=8192.
+    #[arg(long, default_value_t = 224, value_parser = parse_image_size)]
+    pub image_size: u32,
+    /// Image views: decode JPEGs at a reduced scale in the DCT domain (the smallest M/8 that
+    /// keeps the shorter side ≥ S), then resize: about twice as fast, a few levels from Pillow.
+    /// Default: exact (Pillow's pixels). Give `mount` and `convert` the same.
+    #[arg(long)]
+    pub fast_decode: bool,
+    /// Image views: largest image accepted, in pixels (width × height; K/M/G suffixes are
+    /// powers of 1024); larger images are bad inputs (zero slots, listed as errors).
+    #[arg(long, default_value = "64M", value_parser = super::units::parse_size)]
+    pub max_image_pixels: u64,
+    /// Image views: pixels all decodes in flight may hold at once (~3 bytes a pixel; bounds
+    /// memory whatever the threads; an image that cannot fit is decoded at a reduced scale or
+    /// reported as bad); at least 1M.
+    #[arg(long, default_value = "32M", value_parser = super::units::parse_size)]
+    pub decode_budget: u64,
 }
 
 /// Parses and range-checks `--image-size`.

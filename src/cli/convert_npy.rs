@@ -87,7 +87,7 @@ pub fn run(args: &super::convert::Args) -> anyhow::Result<i32> {
     }
     let pool = pool.build().context("cannot start worker threads")?;
     // One budget for the whole process, whatever -j is and however many sources.
-    let budget = DecodeBudget::new(args.decode_budget);
+    let budget = DecodeBudget::new(args.image.decode_budget);
     let bad: BadList = Arc::default();
     let mut written = (0usize, 0u64);
     for (source, dest) in &jobs {
@@ -149,14 +149,14 @@ fn convert(
     let record = Arc::new(record);
     let hook = record.clone();
     let opts = ViewOptions {
-        image_size: args.image_size,
+        image_size: args.image.image_size,
         strict: false,
         on_bad: Some(Arc::new(move |path: &Path, reason: &str| {
             hook(path, reason)
         })),
         decode: DecodeSettings {
-            fast: args.fast_decode,
-            max_pixels: args.max_image_pixels,
+            fast: args.image.fast_decode,
+            max_pixels: args.image.max_image_pixels,
             budget,
         },
     };

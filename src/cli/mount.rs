@@ -66,22 +66,8 @@ pub struct Args {
     /// free space on the cache's filesystem.
     #[arg(long, value_parser = super::units::parse_size)]
     pub cache_size: Option<u64>,
-    /// Side S of images in `.npy/` views (shorter side resized to S, center crop S×S); 1..=8192.
-    #[arg(long, default_value_t = 224, value_parser = super::convert::parse_image_size)]
-    pub image_size: u32,
-    /// Image views: decode JPEGs at a reduced DCT scale, then resize (faster, a few levels from
-    /// Pillow); default exact (Pillow's pixels). Must match `convert --fast-decode` for the
-    /// mount's views to equal converted files.
-    #[arg(long)]
-    pub fast_decode: bool,
-    /// Image views: largest image decoded, in pixels (width × height; K/M/G = powers of 1024);
-    /// larger ones read as zeros and are listed as errors.
-    #[arg(long, default_value = "64M", value_parser = super::units::parse_size)]
-    pub max_image_pixels: u64,
-    /// Image views: pixels all decodes in flight (FUSE reads and background rendering) may hold
-    /// at once, bounding the daemon's decode memory (~3 bytes a pixel); at least 1M.
-    #[arg(long, default_value = "32M", value_parser = super::units::parse_size)]
-    pub decode_budget: u64,
+    #[command(flatten)]
+    pub image: super::convert::ImageArgs,
     /// Make reads of a view fail with EIO when an input image is corrupt (default: zeros).
     #[arg(long)]
     pub strict_views: bool,
@@ -425,7 +411,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         },
         stage: !args.no_staging,
         cross_file: stagefs_fs::fscore::CROSS_FILE_COUNT,
-        image_size: args.image_size,
+        image_size: args.image.image_size,
         strict_views: args.strict_views,
         index: args
             .index
@@ -441,9 +427,9 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         rescan: args.rescan,
         revalidate: args.revalidate,
         scan_threads: args.scan_threads as usize,
-        fast_decode: args.fast_decode,
-        max_image_pixels: args.max_image_pixels,
-        decode_budget: args.decode_budget,
+        fast_decode: args.image.fast_decode,
+        max_image_pixels: args.image.max_image_pixels,
+        decode_budget: args.image.decode_budget,
     };
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
