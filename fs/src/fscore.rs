@@ -110,6 +110,43 @@ pub struct FsConfig {
     pub decode_budget: u64,
 }
 
+impl FsConfig {
+    /// The configuration `stagefs mount` uses unless told otherwise, for `source` cached in
+    /// `cache_dir`: 90 % of the free space on the cache's filesystem, 32 fetch workers,
+    /// staging on, 224-pixel views decoded exactly, 64 metadata requests in flight, snapshot
+    /// semantics (no revalidation), direct reads of scratch. The rules between settings are
+    /// the mount's ([`crate::mount::MountOptions::settled`]).
+    pub fn new(source: PathBuf, cache_dir: PathBuf) -> FsConfig {
+        FsConfig {
+            cache_size: default_cache_size(&cache_dir),
+            source,
+            cache_dir,
+            direct_scratch: true,
+            fetch: FetchConfig::default(),
+            stage: true,
+            cross_file: CROSS_FILE_COUNT,
+            image_size: 224,
+            strict_views: false,
+            index: None,
+            rescan: false,
+            revalidate: None,
+            scan_threads: 64,
+            fast_decode: false,
+            max_image_pixels: 64 << 20,
+            decode_budget: 32 << 20,
+        }
+    }
+}
+
+/// 90 % of the space free to this user on `dir`'s filesystem (10 GiB if it cannot be asked):
+/// the cache then never takes the last of scratch, and a full scratch caps it anyway.
+pub fn default_cache_size(dir: &Path) -> u64 {
+    match rustix::fs::statvfs(dir) {
+        Ok(s) => s.f_bavail.saturating_mul(s.f_frsize) / 10 * 9,
+        Err(_) => 10 << 30,
+    }
+}
+
 /// Attributes of a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attr {

@@ -262,19 +262,6 @@ fn unescape(s: &str) -> Vec<u8> {
     out
 }
 
-fn default_cache_size(dir: &Path) -> u64 {
-    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
-        return 10 << 30;
-    };
-    // SAFETY: statvfs fills a zeroed struct we own from a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut s) } != 0 {
-        return 10 << 30;
-    }
-    (s.f_bavail as u64 * s.f_frsize as u64) / 10 * 9
-}
-
 /// Runs `stagefs mount`.
 pub fn run(args: Args) -> anyhow::Result<i32> {
     check_args(&args)?;
@@ -396,13 +383,16 @@ fn serve(args: Args) -> anyhow::Result<i32> {
 }
 
 fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mount::Mounted)> {
-    let cache_size = args
-        .cache_size
-        .unwrap_or_else(|| default_cache_size(&args.cache));
+    let (source, cache_dir) = (
+        fs::canonicalize(&args.source)?,
+        fs::canonicalize(&args.cache)?,
+    );
     let cfg = FsConfig {
-        source: fs::canonicalize(&args.source)?,
-        cache_dir: fs::canonicalize(&args.cache)?,
-        cache_size,
+        cache_size: args
+            .cache_size
+            .unwrap_or_else(|| stagefs_fs::fscore::default_cache_size(&cache_dir)),
+        source,
+        cache_dir,
         direct_scratch: !args.buffered_scratch,
         fetch: FetchConfig {
             workers: args.fetch_threads as usize,

@@ -79,11 +79,9 @@ impl Source for Counting {
 }
 
 pub fn config(src: &Path, cache: &Path) -> FsConfig {
+    // Small and quick: a 256 MiB cache, 4 workers, no staging, 32-pixel views.
     FsConfig {
-        source: std::fs::canonicalize(src).unwrap(),
-        cache_dir: cache.to_path_buf(),
         cache_size: 256 << 20,
-        direct_scratch: true,
         fetch: FetchConfig {
             workers: 4,
             max_queued: 256,
@@ -92,14 +90,8 @@ pub fn config(src: &Path, cache: &Path) -> FsConfig {
         stage: false,
         cross_file: 4,
         image_size: 32,
-        strict_views: false,
-        index: None,
-        rescan: false,
-        revalidate: None,
         scan_threads: 8,
-        fast_decode: false,
-        max_image_pixels: 1 << 26,
-        decode_budget: 1 << 25,
+        ..FsConfig::new(std::fs::canonicalize(src).unwrap(), cache.to_path_buf())
     }
 }
 
