@@ -75,4 +75,7 @@ pub use host::{HostBuffer, HostDevice, HostDeviceBuffer, HostEvent};
 pub use loader::{epoch_order, epoch_order_from, Epoch, LoadedBatch, Loader, LoaderConfig, Part};
 pub use source::{ReadAt, Source};
 pub use stats::Stats;
-pub use streamer::{Batch, BatchMeta, StreamConfig, Streamer, Verification, MAX_BATCH_BYTES};
+pub use streamer::{
+    Batch, BatchMeta, StreamConfig, Streamer, Verification, AUTO_BATCH_BYTES, MAX_AUTO_READERS,
+    MAX_BATCH_BYTES,
+};

@@ -66,6 +66,37 @@ impl Default for StreamConfig {
     }
 }
 
+/// Batch size [`StreamConfig::auto`] aims at: large enough that per-batch costs vanish, small
+/// enough that a ring of a dozen slots stays a few hundred MB.
+pub const AUTO_BATCH_BYTES: u64 = 32 << 20;
+
+/// Reader threads [`StreamConfig::auto`] starts at most: one `pread` stream from page cache
+/// copies about 6–10 GB/s, so eight cover a PCIe Gen5 x16 link (≈ 55 GB/s) with some to spare.
+pub const MAX_AUTO_READERS: usize = 8;
+
+impl StreamConfig {
+    /// The configuration for rows of at most `max_row_bytes` on this machine (what `stagefs
+    /// stream` uses unless told otherwise): batches of about [`AUTO_BATCH_BYTES`], one reader
+    /// per core up to [`MAX_AUTO_READERS`], and a ring of 4 more slots than readers (at least
+    /// 8: every reader busy while the consumer holds a batch and copies run); one epoch, file
+    /// order.
+    pub fn auto(max_row_bytes: u64) -> StreamConfig {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let readers = cores.min(MAX_AUTO_READERS);
+        StreamConfig {
+            batch_rows: (AUTO_BATCH_BYTES / max_row_bytes.max(1)).max(1),
+            ring: Self::auto_ring(readers),
+            readers,
+            ..StreamConfig::default()
+        }
+    }
+
+    /// The ring [`auto`](Self::auto) gives `readers` reader threads.
+    pub fn auto_ring(readers: usize) -> usize {
+        (readers + 4).max(8)
+    }
+}
+
 /// What a batch holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchMeta {

@@ -2,10 +2,9 @@
 //! consumer, and reports throughput and who waited on whom.
 //!
 //! The sink waits on each batch's ready event from the host, so "device waited on data" is the
-//! time a GPU job would have idled for lack of input. Defaults: batches of about
-//! [`AUTO_BATCH_BYTES`] (large enough that per-batch costs vanish, small enough that the ring
-//! stays a few hundred MB), up to [`MAX_AUTO_READERS`] reader threads, and a ring of 4 more
-//! slots than readers (every reader busy while the consumer holds a batch and copies run).
+//! time a GPU job would have idled for lack of input. Defaults: the library's
+//! [`StreamConfig::auto`] (batches of about 32 MiB, a reader per core up to 8, a ring of 4
+//! more slots than readers).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,13 +12,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use stagefs_gpu::{Device, HostDevice, Source, Stats, StreamConfig, Streamer};
-
-/// Batch size chosen when `--batch-rows` is not given.
-const AUTO_BATCH_BYTES: u64 = 32 << 20;
-
-/// Reader threads by default at most: one `pread` stream from page cache copies about 6–10 GB/s,
-/// so eight cover a PCIe Gen5 x16 link (≈ 55 GB/s) with some to spare.
-const MAX_AUTO_READERS: usize = 8;
 
 /// Batches checked by `--verify` at most (spread evenly over the stream).
 const VERIFY_SAMPLES: u64 = 64;
@@ -213,18 +205,18 @@ fn stream<D: Device>(device: Arc<D>, args: &Args, peak: Option<f64>) -> anyhow::
         .max()
         .unwrap_or(1)
         .max(1);
+    let auto = StreamConfig::auto(max_row);
     let batch_rows = match args.batch_rows {
         Some(0) => bail!("--batch-rows must be at least 1"),
         Some(n) => n,
-        None => (AUTO_BATCH_BYTES / max_row).max(1),
+        None => auto.batch_rows,
     };
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let readers = args.readers.unwrap_or(cores.min(MAX_AUTO_READERS));
+    let readers = args.readers.unwrap_or(auto.readers);
     let config = StreamConfig {
         batch_rows,
-        ring: args.ring.unwrap_or((readers + 4).max(8)),
+        ring: args
+            .ring
+            .unwrap_or_else(|| StreamConfig::auto_ring(readers)),
         readers,
         epochs: args.epochs,
         shuffle_seed: args.shuffle.then_some(args.seed),
