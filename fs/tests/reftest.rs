@@ -4,7 +4,8 @@
 //! source files — runs them against `FsCore` over an injected source, and compares every
 //! answer with the model: the tree as `std::fs` saw it when the snapshot was taken. Snapshot
 //! semantics: a file changed since then reads as its snapshot version or fails with ESTALE,
-//! never with other bytes.
+//! never with other bytes. Reads go through an open handle or, as on a normal user's mount
+//! with opens skipped, by inode with handle 0.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod support;
@@ -38,7 +39,9 @@ const SIZES: [usize; 8] = [
 enum Op {
     Lookup(usize),
     Readdir(usize, usize),
-    Read(usize, f64, usize, u32),
+    /// File, where (fraction of its size), how much, request size, through an open handle
+    /// (false: by inode with handle 0, as a normal user's mount with opens skipped reads).
+    Read(usize, f64, usize, u32, bool),
     Change(usize),
     Remount,
     Kill,
@@ -48,8 +51,8 @@ fn op(nfiles: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..nfiles).prop_map(Op::Lookup),
         2 => (0..DIRS.len(), 1..5usize).prop_map(|(d, n)| Op::Readdir(d, n)),
-        8 => (0..nfiles, 0.0..1.0f64, 0..3_000_000usize, prop_oneof![Just(4096u32), Just(131_072), Just(1 << 20)])
-            .prop_map(|(f, o, l, c)| Op::Read(f, o, l, c)),
+        8 => (0..nfiles, 0.0..1.0f64, 0..3_000_000usize, prop_oneof![Just(4096u32), Just(131_072), Just(1 << 20)], any::<bool>())
+            .prop_map(|(f, o, l, c, open)| Op::Read(f, o, l, c, open)),
         1 => (0..nfiles).prop_map(Op::Change),
         1 => Just(Op::Remount),
         1 => Just(Op::Kill),
@@ -160,11 +163,11 @@ fn run(spec: Vec<(usize, usize)>, ops: Vec<Op>, capacity: u64, stage: bool) {
                     DIRS[d]
                 );
             }
-            Op::Read(f, frac, len, chunk) => {
+            Op::Read(f, frac, len, chunk, open) => {
                 let (rel, data) = &model.files[f];
                 let off = (data.len() as f64 * frac) as u64;
                 let end = (off as usize + len).min(data.len());
-                match read(&core, rel, off, len as u64, chunk) {
+                match read_as(&core, rel, off, len as u64, chunk, open) {
                     Ok(got) => assert!(
                         got == data[off as usize..end],
                         "bytes of {} at {off}+{len}",

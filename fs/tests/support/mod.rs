@@ -112,8 +112,25 @@ pub fn lookup(core: &FsCore, rel: &Path) -> Result<Attr, FsError> {
 
 /// Reads `len` bytes at `off` of `rel` through open/read/release, in requests of `chunk`.
 pub fn read(core: &FsCore, rel: &Path, off: u64, len: u64, chunk: u32) -> Result<Vec<u8>, FsError> {
+    read_as(core, rel, off, len, chunk, true)
+}
+
+/// [`read`], with the daemon's open (`open`) or without, as a normal user's mount reads once
+/// opens are skipped: by inode, with file handle 0 and no release.
+pub fn read_as(
+    core: &FsCore,
+    rel: &Path,
+    off: u64,
+    len: u64,
+    chunk: u32,
+    open: bool,
+) -> Result<Vec<u8>, FsError> {
     let a = lookup(core, rel)?;
-    let o = core.open(a.ino, false, false)?;
+    let fh = if open {
+        core.open(a.ino, false, false)?.fh
+    } else {
+        0
+    };
     let mut out = Vec::new();
     let mut at = off;
     let r = loop {
@@ -121,7 +138,7 @@ pub fn read(core: &FsCore, rel: &Path, off: u64, len: u64, chunk: u32) -> Result
             break Ok(());
         }
         let want = chunk.min((off + len - at) as u32);
-        match core.read(a.ino, o.fh, at, want) {
+        match core.read(a.ino, fh, at, want) {
             Ok(d) if d.as_ref().is_empty() => break Ok(()),
             Ok(d) => {
                 out.extend_from_slice(d.as_ref());
@@ -130,7 +147,9 @@ pub fn read(core: &FsCore, rel: &Path, off: u64, len: u64, chunk: u32) -> Result
             Err(e) => break Err(e),
         }
     };
-    core.release(o.fh);
+    if open {
+        core.release(fh);
+    }
     r.map(|()| out)
 }
 
