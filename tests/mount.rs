@@ -511,20 +511,31 @@ fn regression_concurrent_open_release_of_cached_files_does_not_deadlock() {
     let (tx, rx) = std::sync::mpsc::channel();
     for t in 0..8u64 {
         let (mnt, tx) = (m.mnt.clone(), tx.clone());
+        // A reader's failure is sent, not panicked: a panic here would only show as a hang.
         std::thread::spawn(move || {
-            for round in 0..5u64 {
-                for i in 0..200u64 {
-                    let i = (i * 7 + t * 13 + round) % 200;
-                    let got = fs::read(mnt.join(format!("f{i:03}"))).unwrap();
-                    assert!(got == pattern(i, 5000 + i as usize));
+            let check = || -> Result<(), String> {
+                for round in 0..5u64 {
+                    for i in 0..200u64 {
+                        let i = (i * 7 + t * 13 + round) % 200;
+                        let p = mnt.join(format!("f{i:03}"));
+                        let got = fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                        if got != pattern(i, 5000 + i as usize) {
+                            return Err(format!("{}: other bytes", p.display()));
+                        }
+                    }
                 }
-            }
-            tx.send(()).unwrap();
+                Ok(())
+            };
+            let _ = tx.send(check());
         });
     }
     for _ in 0..8 {
-        rx.recv_timeout(Duration::from_secs(120))
+        let done = rx
+            .recv_timeout(Duration::from_secs(120))
             .expect("readers hung: open/release deadlock");
+        if let Err(e) = done {
+            panic!("a reader failed: {e}");
+        }
     }
 }
 
