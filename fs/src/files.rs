@@ -190,6 +190,18 @@ impl Files {
         self.fetcher.store()
     }
 
+    /// Whether every block of cache entry `entry` is cached.
+    pub(crate) fn is_cached(&self, entry: EntryId) -> bool {
+        self.store().is_complete(entry)
+    }
+
+    /// Block `slot` of cache entry `entry` if it is cached and intact: read from scratch and
+    /// verified, as for a reader (a corrupt block is dropped, a miss). What the walker and the
+    /// pushers hand the kernel; they never reach the store themselves.
+    pub(crate) fn cached_block(&self, entry: EntryId, slot: u32) -> Option<Bytes> {
+        self.store().read(entry, slot)
+    }
+
     fn stats(&self) -> &Arc<Stats> {
         self.fetcher.stats()
     }

@@ -174,7 +174,6 @@ fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
                 read_to,
             } => {
                 let _span = debug_span!("stream push", ino, from = blocks.start).entered();
-                let store = files.fetcher().store();
                 for slot in blocks.start..blocks.end.min(block_count(size)) {
                     let passed = |r: &Arc<AtomicU64>| r.load(Relaxed) > slot * BLOCK_SIZE;
                     if read_to.as_ref().is_some_and(passed) {
@@ -182,7 +181,7 @@ fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
                     }
                     // Read and checksummed as for a reader: a corrupt block is dropped, never
                     // pushed.
-                    let Some(data) = store.read(entry, slot as u32) else {
+                    let Some(data) = files.cached_block(entry, slot as u32) else {
                         break;
                     };
                     if !sink.store(ino, slot * BLOCK_SIZE, &data) {

@@ -180,8 +180,7 @@ fn push_window(
 /// is not fully cached (or the kernel refused it).
 fn push_file(files: &Files, sink: &dyn PageSink, id: NodeId, attr: &NodeAttr) -> Option<u64> {
     let entry = files.bound(id)?;
-    let store = files.fetcher().store();
-    if !store.is_complete(entry) {
+    if !files.is_cached(entry) {
         return None;
     }
     let ino = crate::inode::source_ino(id);
@@ -191,7 +190,7 @@ fn push_file(files: &Files, sink: &dyn PageSink, id: NodeId, attr: &NodeAttr) ->
     let mut n = 0u64;
     for slot in 0..block_count(attr.size) {
         // Read and checksummed as for a reader: a corrupt block is dropped, never pushed.
-        let data = store.read(entry, slot as u32)?;
+        let data = files.cached_block(entry, slot as u32)?;
         if !sink.store(ino, slot * BLOCK_SIZE, &data) {
             return None;
         }
