@@ -15,8 +15,6 @@
 //! is bounded for the whole daemon ([`MEMO_BUDGET`]): without the bound, 4096 active files ×
 //! 1 MiB could pin 4 GiB; past it a block is served without being remembered.
 
-use stagefs_prefetch::locks;
-use stagefs_prefetch::locks::lock;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
@@ -27,6 +25,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use lru::LruCache;
+use stagefs_prefetch::locks;
+use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{

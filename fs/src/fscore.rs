@@ -14,7 +14,6 @@
 //! large files can be handed to the kernel for passthrough once verified in this mount (the
 //! verification runs in the background, off the read path).
 
-use stagefs_prefetch::locks::lock;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -25,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use stagefs_prefetch::cachedir::CacheDir;
+use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::readahead::ReadAhead;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::store::FORMAT_DIR;

@@ -17,7 +17,6 @@
 //! One backing id per inode is shared by its open handles ([`BackingCache`], one lock); if
 //! registering a backing file fails, passthrough is switched off for the rest of the mount.
 
-use stagefs_prefetch::locks;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -29,6 +28,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
+use stagefs_prefetch::locks;
 use stagefs_prefetch::FileKind;
 use tracing::{info, warn};
 

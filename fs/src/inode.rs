@@ -5,12 +5,12 @@
 //! Snapshot ids are dense `u32`s, so the two ranges never meet, and a source inode number costs
 //! nothing to keep: the mapping is arithmetic. Virtual numbers are few (one per view file).
 
-use stagefs_prefetch::locks;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::RwLock;
 
 use crate::snapshot::NodeId;
+use stagefs_prefetch::locks;
 
 /// Inode number of the mount's root.
 pub const ROOT_INO: u64 = 1;

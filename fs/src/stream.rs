@@ -34,14 +34,13 @@
 //! trip, far more than the round trip costs, and 8 readers × 16 MiB is a modest page-cache
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
-use stagefs_prefetch::locks::lock;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-
-use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::{block_count, EntryId, BLOCK_SIZE};
 use tracing::debug_span;
 

@@ -24,7 +24,6 @@
 //! time, a demand read one per block it covers, and the queues hold block *names* only, at most
 //! [`FetchConfig::max_queued`] of them.
 
-use crate::locks;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::path::Path;
@@ -37,6 +36,7 @@ use bytes::Bytes;
 use tracing::{debug, debug_span, warn};
 
 use crate::error::SourceError;
+use crate::locks;
 use crate::locks::lock;
 use crate::source::{Source, Version};
 use crate::stats::Stats;

@@ -18,7 +18,6 @@
 //! Opening a file on a parallel filesystem costs milliseconds, so file and directory
 //! descriptors are kept in small LRUs.
 
-use crate::locks::lock;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -34,6 +33,7 @@ use lru::LruCache;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use crate::error::SourceError;
+use crate::locks::lock;
 
 /// Open source files kept for reuse: enough for many DataLoader workers' files at once, far
 /// below the descriptor limit the daemon raises itself to.

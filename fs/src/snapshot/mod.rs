@@ -34,7 +34,6 @@ mod revalidate;
 mod scan;
 mod tree;
 
-use stagefs_prefetch::locks;
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -44,6 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWr
 use std::time::{Duration, Instant, SystemTime};
 
 use stagefs_prefetch::cachedir::CacheDir;
+use stagefs_prefetch::locks;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::source::{check_rel, Meta, Source};
 

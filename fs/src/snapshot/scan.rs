@@ -22,7 +22,6 @@
 //! unlisted in a saved file) are *lazy*: listed on the first caller's thread, with any other
 //! waiting caller helping with the stat chunks.
 
-use stagefs_prefetch::locks;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -30,6 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use stagefs_prefetch::locks;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::source::{DirName, FileKind, Meta, Source};
 use stagefs_prefetch::SourceError;

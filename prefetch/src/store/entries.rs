@@ -16,7 +16,7 @@ use crate::source::Version;
 use crate::BLOCK_SIZE;
 
 use super::cache_log::append;
-use super::cache_log::record::{self, EntryId, KeyKind, Loc, Record};
+use super::cache_log::record::{self, EntryId, EntryRecord, KeyKind, Loc, Record};
 use super::eviction::lru_key;
 use super::{CacheStore, Inner};
 
@@ -63,6 +63,19 @@ pub(super) struct Entry {
 }
 
 impl Entry {
+    /// The cache log record that creates this entry as `id`, for `key` at `version`.
+    pub(super) fn record<'a>(&self, id: EntryId, version: Version, key: &'a [u8]) -> Record<'a> {
+        Record::Entry(EntryRecord {
+            id,
+            kind: self.kind,
+            own_file: self.own_file,
+            owner: self.owner,
+            slots: self.nslots,
+            version,
+            key,
+        })
+    }
+
     /// A new entry with nothing stored yet; `rec_at` is where its record is in the cache log.
     /// The one place an entry is built (creation and replay both come here).
     pub(super) fn new(
@@ -269,22 +282,10 @@ impl CacheStore {
         let id = inner.entries.len() as EntryId;
         let mut log = lock(&self.log);
         let rec_at = log.len + log.pending.len() as u64;
-        record::encode(
-            &Record::Entry {
-                id,
-                kind,
-                own_file,
-                owner,
-                slots,
-                version,
-                key,
-            },
-            &mut log.pending,
-        );
+        let e = Entry::new(rec_at, kind, own_file, owner, slots);
+        record::encode(&e.record(id, version, key), &mut log.pending);
         drop(log);
-        inner
-            .entries
-            .push(Some(Entry::new(rec_at, kind, own_file, owner, slots)));
+        inner.entries.push(Some(e));
         id
     }
 

@@ -24,7 +24,6 @@
 //!   buffered; the kernel writes dirty pages back before a direct read of their range, so a
 //!   block just written reads back exact.
 
-use crate::locks;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -38,6 +37,7 @@ use super::cache_log::append;
 use super::cache_log::record::{EntryId, KeyKind, Loc, Record, OWN_FILE};
 use super::entries::ABSENT;
 use super::{CacheStore, Inner};
+use crate::locks;
 use crate::locks::lock;
 use crate::source::read_uninit;
 use crate::BLOCK_SIZE;

@@ -40,21 +40,11 @@ impl CacheStore {
             new_ids[le.id as usize] = id;
             le.id = id;
             e.rec_at = out.len() as u64;
-            record::encode(
-                &Record::Entry {
-                    id,
-                    kind: e.kind,
-                    own_file: e.own_file,
-                    owner: e.owner,
-                    slots: e.nslots,
-                    version: le.version,
-                    key: loaded
-                        .keys
-                        .get(le.key_at..le.key_at + usize::from(le.key_len))
-                        .unwrap_or_default(),
-                },
-                &mut out,
-            );
+            let key = loaded
+                .keys
+                .get(le.key_at..le.key_at + usize::from(le.key_len))
+                .unwrap_or_default();
+            record::encode(&e.record(id, le.version, key), &mut out);
             entries.push(Some(e));
         }
         // Blocks in eviction order, least recently used first; the eviction index is rebuilt
@@ -124,13 +114,8 @@ impl CacheStore {
                 win = LogWindow::new(&file, len);
             }
             win.seek_forward(e.rec_at);
-            if let Some((
-                Record::Entry {
-                    kind, key, version, ..
-                },
-                _,
-            )) = record::decode(win.rest()?)
-            {
+            if let Some((Record::Entry(r), _)) = record::decode(win.rest()?) {
+                let (kind, key, version) = (r.kind, r.key, r.version);
                 loaded.push(
                     LoadedEntry {
                         id: id as EntryId,

@@ -71,7 +71,7 @@ pub(super) fn append(log: &Mutex<Log>, rec: &Record<'_>) {
     let own = (log.pending.len() - start) as u64;
     // What this record makes obsolete, itself included (approximately, for entries' keys).
     log.garbage += match rec {
-        Record::Block { .. } | Record::Entry { .. } => 0,
+        Record::Block { .. } | Record::Entry(_) => 0,
         Record::DropBlock { .. } => own + BLOCK_REC,
         Record::DropEntry { .. } => own + ENTRY_REC,
         Record::Bind { .. } => own,

@@ -52,26 +52,30 @@ pub struct Loc {
 /// kept as exact copies so the kernel can read them through FUSE passthrough).
 pub const OWN_FILE: u32 = 1 << 31;
 
+/// An entry's creation: what it caches and for whom (the one record with a key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryRecord<'a> {
+    /// Its id.
+    pub id: EntryId,
+    /// What it caches.
+    pub kind: KeyKind,
+    /// Blocks kept in an own data file (not packed in segments).
+    pub own_file: bool,
+    /// The owner's node id when it was made (a hint for rebinding).
+    pub owner: u32,
+    /// Number of blocks (slots).
+    pub slots: u32,
+    /// Version of the cached contents.
+    pub version: Version,
+    /// The key.
+    pub key: &'a [u8],
+}
+
 /// One decoded record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record<'a> {
     /// An entry was created.
-    Entry {
-        /// Its id.
-        id: EntryId,
-        /// What it caches.
-        kind: KeyKind,
-        /// Blocks kept in an own data file (not packed in segments).
-        own_file: bool,
-        /// The owner's node id when it was made (a hint for rebinding).
-        owner: u32,
-        /// Number of blocks (slots).
-        slots: u32,
-        /// Version of the cached contents.
-        version: Version,
-        /// The key.
-        key: &'a [u8],
-    },
+    Entry(EntryRecord<'a>),
     /// A block was stored.
     Block {
         /// Entry.
@@ -115,7 +119,7 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0]);
     match rec {
-        Record::Entry {
+        Record::Entry(EntryRecord {
             id,
             kind,
             own_file,
@@ -123,7 +127,7 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             slots,
             version,
             key,
-        } => {
+        }) => {
             out.push(TAG_ENTRY);
             put_u32(out, *id);
             out.push(*kind as u8);
@@ -232,7 +236,7 @@ pub fn decode(buf: &[u8]) -> Option<(Record<'_>, usize)> {
                 return None;
             }
             let key = r.take(klen)?;
-            Record::Entry {
+            Record::Entry(EntryRecord {
                 id,
                 kind,
                 own_file,
@@ -240,7 +244,7 @@ pub fn decode(buf: &[u8]) -> Option<(Record<'_>, usize)> {
                 slots,
                 version,
                 key,
-            }
+            })
         }
         TAG_BLOCK => Record::Block {
             id: r.u32()?,
@@ -296,7 +300,7 @@ mod tests {
 
     fn samples() -> Vec<Record<'static>> {
         vec![
-            Record::Entry {
+            Record::Entry(EntryRecord {
                 id: 7,
                 kind: KeyKind::Raw,
                 own_file: false,
@@ -309,7 +313,7 @@ mod tests {
                     ino: 99,
                 },
                 key: b"train/n01/img.jpg",
-            },
+            }),
             Record::Block {
                 id: 7,
                 slot: 2,

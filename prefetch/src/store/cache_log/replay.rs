@@ -2,7 +2,6 @@
 //! each record to the entry table; then the eviction order, segment occupancy and own files are
 //! rebuilt from what survived, and files nothing refers to are removed.
 
-use crate::locks;
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
@@ -10,7 +9,7 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use crate::locks::lock;
+use crate::locks::{self, lock};
 use crate::source::Version;
 
 use super::super::entries::{slot_bound, Entry, Loaded, LoadedEntry, ABSENT, MAX_SLOT_BYTES};
@@ -231,25 +230,17 @@ impl CacheStore {
             }
         };
         match rec {
-            Record::Entry {
-                id,
-                kind,
-                own_file,
-                owner,
-                slots,
-                version,
-                key,
-            } => {
+            Record::Entry(r) => {
                 // Ids are handed out in order; anything else is not a log we wrote.
-                if *id as usize != inner.entries.len()
-                    || u64::from(*slots) != slot_bound(*kind, version.size, *slots)
+                if r.id as usize != inner.entries.len()
+                    || u64::from(r.slots) != slot_bound(r.kind, r.version.size, r.slots)
                 {
                     return Applied::Contradiction;
                 }
                 inner
                     .entries
-                    .push(Some(Entry::new(at, *kind, *own_file, *owner, *slots)));
-                keys.push(*kind, key, *version);
+                    .push(Some(Entry::new(at, r.kind, r.own_file, r.owner, r.slots)));
+                keys.push(r.kind, r.key, r.version);
                 Applied::Ok
             }
             Record::Block { id, slot, loc } => {
