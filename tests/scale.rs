@@ -5,7 +5,7 @@
 
 mod common;
 
-use stagefs_test_support::{test, Need};
+use stagefs_test_support::{files_under, test, Need};
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -55,22 +55,6 @@ fn read_all(mnt: &Path) -> usize {
                 f.display()
             );
             n += 1;
-        }
-    }
-    n
-}
-
-fn files_under(dir: &Path) -> usize {
-    let mut n = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                n += 1;
-            }
         }
     }
     n

@@ -13,20 +13,9 @@ use stagefs_prefetch::{
     block_count, block_len, CacheError, CacheStore, KeyKind, Loaded, Stats, StoreConfig, Version,
     BLOCK_SIZE,
 };
+use stagefs_test_support::{files_under, pattern};
 
 const MB: u64 = BLOCK_SIZE;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn open(dir: &Path, capacity: u64) -> (Arc<CacheStore>, Loaded, Arc<Stats>) {
     let stats = Arc::new(Stats::default());
@@ -68,22 +57,6 @@ fn put(s: &CacheStore, key: &str, data: &[u8], own: bool, owner: u32) -> u32 {
         assert!(s.insert(id, b as u32, &data[lo..hi]));
     }
     id
-}
-
-fn files_under(dir: &Path) -> usize {
-    let mut n = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                n += 1;
-            }
-        }
-    }
-    n
 }
 
 #[test]

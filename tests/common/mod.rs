@@ -2,6 +2,7 @@
 //! unmounted (even when the test fails), and byte/metadata comparisons.
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
+pub use stagefs_test_support::pattern;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -12,19 +13,6 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_stagefs");
 
 #[allow(unused_imports)]
 pub use stagefs_test_support::is_root;
-
-/// Deterministic pseudo-random bytes.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A small tree: files of many sizes (empty, tiny, block-straddling, multi-block), nested
 /// directories, modes, a relative and an absolute symlink.

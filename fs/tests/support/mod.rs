@@ -2,6 +2,7 @@
 //! helpers to drive an `FsCore` like the kernel would.
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
+pub use stagefs_test_support::pattern;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -172,19 +173,6 @@ pub fn names(core: &FsCore, rel: &Path, n: usize) -> Result<Vec<std::ffi::OsStri
             return Ok(out);
         }
     }
-}
-
-/// Deterministic pseudo-random bytes.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 pub fn rel(p: &str) -> PathBuf {

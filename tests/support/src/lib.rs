@@ -170,3 +170,34 @@ pub fn run(tests: Vec<Test>) -> ExitCode {
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
 }
+
+/// Deterministic pseudo-random bytes (xorshift from `seed`): test data that checks itself
+/// without a second read of the source.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Regular files under `dir`, recursively (how many files a cache keeps on scratch).
+pub fn files_under(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
+}
