@@ -854,15 +854,21 @@ fn large_file_reads_are_exact_in_every_order_and_sequential_ones_are_pushed() {
     m.umount();
     // mmap rows in random order (np.load(mmap_mode="r") with shuffled rows): every byte
     // exact, and the rest of each block a fault touches is pushed, so most faults find their
-    // pages (324 requests of 128 KiB without).
+    // pages. A normal user's faults read 128 KiB around them: 321 requests or more without
+    // the pushes, ~30 with. Root's mount raises the read-ahead to 1 MiB (54 requests without
+    // pushes), so the count is only telling for a normal user (CI's second run).
     m.mount();
     let rows = mmap_rows_in_random_order(&path, &src.join("big.bin"));
     assert_eq!(rows, "ok 641", "mmap rows differ");
     let s = m.stats();
-    assert!(
-        s["reads"].as_u64().unwrap() < 162,
-        "no block rest was pushed: {s}"
-    );
+    if is_root() {
+        eprintln!("skipped: the mmap request count needs a normal user's 128 KiB read-ahead");
+    } else {
+        assert!(
+            s["reads"].as_u64().unwrap() < 162,
+            "no block rest was pushed: {s}"
+        );
+    }
     m.umount();
     m.mount();
     let out = Command::new("python3")
