@@ -151,7 +151,11 @@ impl CacheStore {
                 self.direct_unsupported(&e);
                 return None;
             }
-            Err(_) => return Some(None),
+            // The file is gone: its blocks are.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(None),
+            // Anything else (out of descriptors, say) says nothing of the block: read it
+            // through the page cache as before.
+            Err(_) => return None,
         };
         match read_verified_direct(&file, u64::from(loc.off4k) * ALIGN, loc) {
             Ok(got) => Some(got),
