@@ -467,16 +467,13 @@ impl Files {
             return Vec::new();
         }
         // Cached already: one check, no read state built.
-        if self
-            .bound(node)
-            .is_some_and(|e| self.store().is_complete(e))
-        {
+        if self.bound(node).is_some_and(|e| self.is_cached(e)) {
             return Vec::new();
         }
         let Ok(s) = self.state(node, &attr) else {
             return Vec::new();
         };
-        if self.store().is_complete(s.entry) {
+        if self.is_cached(s.entry) {
             return Vec::new();
         }
         (0..block_count(attr.size))

@@ -465,6 +465,23 @@ impl FsCore {
 
     /// Stops background work and writes the cache log; call after the session ends.
     pub fn shutdown(&self) {
+        self.stop_background();
+        if let Err(e) = self.store.close() {
+            warn!(error = %e, "could not write the cache log at unmount");
+        }
+    }
+
+    /// Stops background work *without* writing the cache log, as a killed daemon would
+    /// (what the last flush wrote is all a later mount finds). For crash tests.
+    pub fn abandon(&self) {
+        self.stop_background();
+        self.store.abandon();
+    }
+
+    /// Ends every background thread (hints, fetches, walker, pushers, verification, staging)
+    /// and waits for them: what [`shutdown`](Self::shutdown) and [`abandon`](Self::abandon)
+    /// share before they close or drop the cache.
+    fn stop_background(&self) {
         self.stop.store(true, Relaxed);
         self.stop_hints();
         // The sink holds a descriptor of the FUSE session: let it go with the session.
@@ -476,24 +493,6 @@ impl FsCore {
         for t in threads {
             let _ = t.join();
         }
-        if let Err(e) = self.store.close() {
-            warn!(error = %e, "could not write the cache log at unmount");
-        }
-    }
-
-    /// Stops background work *without* writing the cache log, as a killed daemon would
-    /// (what the last flush wrote is all a later mount finds). For crash tests.
-    pub fn abandon(&self) {
-        self.stop.store(true, Relaxed);
-        self.stop_hints();
-        self.fetcher.shutdown();
-        self.files.stop();
-        lock(&self.verify).take();
-        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
-        for t in threads {
-            let _ = t.join();
-        }
-        self.store.abandon();
     }
 
     /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.

@@ -202,10 +202,10 @@ fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
 /// The pages of a block of `len` bytes that a request for `served` (offsets in the block) did
 /// not cover: whole pages only (a partial page would not become readable).
 pub fn rest_of_block(len: usize, served: std::ops::Range<usize>) -> [std::ops::Range<usize>; 2] {
-    const PAGE: usize = 4096;
-    let before = served.start / PAGE * PAGE;
+    use stagefs_prefetch::store::scratch::{aligned, ALIGN};
+    let before = served.start - served.start % ALIGN as usize;
     // The block's end counts as a page end (the file's last, partial page).
-    let after = served.end.div_ceil(PAGE).saturating_mul(PAGE).min(len);
+    let after = (aligned(served.end as u64) as usize).min(len);
     [0..before, after..len]
 }
 
