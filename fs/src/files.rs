@@ -36,8 +36,8 @@ use stagefs_prefetch::{
 use tracing::{debug, info, warn};
 
 use crate::error::FsError;
+use crate::sink::PageSink;
 use crate::snapshot::{NodeAttr, NodeId, Snapshot};
-use crate::walk::PageSink;
 
 /// No entry bound.
 const NONE: u32 = u32::MAX;
@@ -495,29 +495,19 @@ impl Files {
         }
     }
 
-    /// Starts the cross-file prefetch thread (ends when [`Files::stop`] drops its channel).
-    pub fn start_cross_file(
-        self: &Arc<Self>,
-    ) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
-        if self.cross_file == 0 {
-            return Ok(None);
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel::<NodeId>(64);
+    /// Hands first opens of small files to the walker through `tx` ([`crate::walk::start`]).
+    pub(crate) fn set_walker(&self, tx: SyncSender<NodeId>) {
         *lock(&self.xfile) = Some(tx);
-        let me = self.clone();
-        Ok(Some(
-            std::thread::Builder::new()
-                .name("stagefs-walk".into())
-                .spawn(move || crate::walk::run(&me, rx, me.cross_file))?,
-        ))
     }
 
-    /// Starts the threads that push large files ahead of sequential readers (when a page sink
-    /// is set; see [`crate::stream`]).
-    pub fn start_pushers(self: &Arc<Self>) -> std::io::Result<()> {
-        let p = crate::stream::Pushers::start(self)?;
+    /// The cross-file prefetch depth (0: no walker).
+    pub(crate) fn cross_file(&self) -> usize {
+        self.cross_file
+    }
+
+    /// Hands pushes to the pusher threads ([`crate::pushers::start`]).
+    pub(crate) fn set_pushers(&self, p: crate::stream::Pushers) {
         *lock(&self.pushers) = Some(p);
-        Ok(())
     }
 
     /// Ends the cross-file thread and the pushers (they exit when their channels close).

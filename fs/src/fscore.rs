@@ -71,6 +71,11 @@ pub const STATS_VIEW_AGE: Duration = Duration::from_millis(100);
 /// Complete large files waiting for background verification before passthrough.
 const VERIFY_QUEUE: usize = 64;
 
+/// Metadata requests in flight while listing the source (`stagefs mount --scan-threads`):
+/// parallel filesystems answer concurrent requests far faster than serial ones, and 64 keeps
+/// one node's listing from crowding out the others'.
+pub const DEFAULT_SCAN_THREADS: usize = 64;
+
 /// How to run the filesystem.
 #[derive(Clone, Debug)]
 pub struct FsConfig {
@@ -125,15 +130,15 @@ impl FsConfig {
             fetch: FetchConfig::default(),
             stage: true,
             cross_file: CROSS_FILE_COUNT,
-            image_size: 224,
+            image_size: stagefs_views::view::DEFAULT_IMAGE_SIZE,
             strict_views: false,
             index: None,
             rescan: false,
             revalidate: None,
-            scan_threads: 64,
+            scan_threads: DEFAULT_SCAN_THREADS,
             fast_decode: false,
-            max_image_pixels: 64 << 20,
-            decode_budget: 32 << 20,
+            max_image_pixels: stagefs_views::image::decode::DEFAULT_MAX_PIXELS,
+            decode_budget: stagefs_views::image::budget::DEFAULT_BUDGET_PIXELS,
         }
     }
 }
@@ -374,10 +379,10 @@ impl FsCore {
         loaded: stagefs_prefetch::Loaded,
         persisted: bool,
     ) -> Result<(), FsError> {
-        if let Some(t) = self.files.start_cross_file()? {
+        if let Some(t) = crate::walk::start(&self.files)? {
             lock(&self.threads).push(t);
         }
-        self.files.start_pushers()?;
+        crate::pushers::start(&self.files)?;
         {
             let store = self.store.clone();
             let stop = self.stop.clone();
@@ -501,7 +506,7 @@ impl FsCore {
     }
 
     /// Lets in-order readers be served from pages pushed through `sink` ([`crate::walk`]).
-    pub fn set_page_sink(&self, sink: Option<Arc<dyn crate::walk::PageSink>>) {
+    pub fn set_page_sink(&self, sink: Option<Arc<dyn crate::sink::PageSink>>) {
         self.files.set_page_sink(sink);
     }
 

@@ -8,7 +8,8 @@
 //! - [`snapshot`]: the tree's metadata, listed once with many requests in flight, persisted.
 //! - [`files`]: source files through the cache (node → entry binding, read path, prefetch).
 //! - [`walk`]: following readers through directories (cross-file prefetch, page pushes).
-//! - [`stream`]: pushing large files ahead of sequential readers.
+//! - [`stream`]: what is pushed of large files (ahead of sequential readers, the rest of a
+//!   block); [`pushers`]: the threads that push it; [`sink`]: where pushes go.
 //! - [`views`]: the `.npy/` tree.
 //! - [`hints`]: read-order hints from loaders (a Unix socket in the cache directory).
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
@@ -23,6 +24,8 @@ pub mod hints;
 pub mod inode;
 pub mod mount;
 pub mod offload;
+pub mod pushers;
+pub mod sink;
 pub mod snapshot;
 pub mod stream;
 pub mod views;

@@ -37,6 +37,29 @@ pub struct MountOptions {
 }
 
 impl MountOptions {
+    /// Default [`MountOptions::threads`] (`stagefs mount --fuse-threads`): enough that eight
+    /// readers of a DataLoader each have a request in flight.
+    pub const DEFAULT_THREADS: usize = 8;
+}
+
+/// What `stagefs mount` asks unless told otherwise: passthrough (as root), skipped opens,
+/// pushes of in-order readers and block rests, readdirplus; no direct I/O, no push-ahead.
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            passthrough: true,
+            threads: Self::DEFAULT_THREADS,
+            allow_other: false,
+            skip_open: true,
+            push: true,
+            readdirplus: true,
+            direct_io_large: false,
+            push_ahead: false,
+        }
+    }
+}
+
+impl MountOptions {
     /// These options under the rules every mount holds, whatever it was asked:
     /// - passthrough needs `CAP_SYS_ADMIN` (registering backing files): off for other users;
     /// - with revalidation (`revalidating`) a file may change while mounted, and pages the
@@ -61,7 +84,7 @@ impl MountOptions {
 /// fuser does not pass on).
 struct NotifySink(fuser::Notifier, Arc<Lookups>);
 
-impl crate::walk::PageSink for NotifySink {
+impl crate::sink::PageSink for NotifySink {
     fn store(&self, ino: u64, offset: u64, data: &[u8]) -> bool {
         self.1.held(ino) && self.0.store(fuser::INodeNo(ino), offset, data).is_ok()
     }

@@ -35,16 +35,12 @@
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use stagefs_prefetch::locks::lock;
-use stagefs_prefetch::{block_count, EntryId, BLOCK_SIZE};
-use tracing::debug_span;
-
-use crate::files::Files;
+use stagefs_prefetch::{EntryId, BLOCK_SIZE};
 
 /// Bytes pushed ahead of a streaming reader per round trip.
 pub const PUSH_AHEAD: u64 = 16 << 20;
@@ -54,7 +50,7 @@ pub const SEEK_TOLERANCE: u64 = 256 << 10;
 pub const PUSHERS: usize = 2;
 /// Pushes waiting for a thread; more are dropped (readers then request as usual). A queued
 /// [`Push::Bytes`] holds at most a block (1 MiB), so the queue holds at most 64 MiB.
-const QUEUE: usize = 64;
+pub(crate) const QUEUE: usize = 64;
 
 /// Where one file's stream stands.
 #[derive(Debug, Default)]
@@ -126,19 +122,11 @@ pub(crate) struct Pushers {
 }
 
 impl Pushers {
-    /// Starts the pusher threads over `files` (they end when [`Pushers::stop`] closes the queue).
-    pub fn start(files: &Arc<Files>) -> std::io::Result<Pushers> {
-        let (tx, rx) = sync_channel::<Push>(QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..PUSHERS {
-            let (files, rx) = (files.clone(), rx.clone());
-            std::thread::Builder::new()
-                .name(format!("stagefs-push-{i}"))
-                .spawn(move || run(&files, &rx))?;
-        }
-        Ok(Pushers {
+    /// The queue's sending side, over `tx` (the pusher threads hold the receiver).
+    pub(crate) fn new(tx: SyncSender<Push>) -> Pushers {
+        Pushers {
             tx: Mutex::new(Some(tx)),
-        })
+        }
     }
 
     /// Queues `push`; dropped when the queue is full (a hint, never a wait).
@@ -152,50 +140,6 @@ impl Pushers {
     /// Closes the queue: the threads end after the push in hand.
     pub fn stop(&self) {
         lock(&self.tx).take();
-    }
-}
-
-fn run(files: &Files, rx: &Mutex<Receiver<Push>>) {
-    loop {
-        let next = lock(rx).recv();
-        let Ok(p) = next else { return };
-        let Some(sink) = files.page_sink() else {
-            continue;
-        };
-        let stats = files.fetcher().stats();
-        let pushed = |n: usize| stats.bytes_pushed.fetch_add(n as u64, Relaxed);
-        match p {
-            Push::Blocks {
-                ino,
-                entry,
-                size,
-                blocks,
-                read_to,
-            } => {
-                let _span = debug_span!("stream push", ino, from = blocks.start).entered();
-                for slot in blocks.start..blocks.end.min(block_count(size)) {
-                    let passed = |r: &Arc<AtomicU64>| r.load(Relaxed) > slot * BLOCK_SIZE;
-                    if read_to.as_ref().is_some_and(passed) {
-                        continue;
-                    }
-                    // Read and checksummed as for a reader: a corrupt block is dropped, never
-                    // pushed.
-                    let Some(data) = files.cached_block(entry, slot as u32) else {
-                        break;
-                    };
-                    if !sink.store(ino, slot * BLOCK_SIZE, &data) {
-                        break;
-                    }
-                    pushed(data.len());
-                }
-            }
-            Push::Bytes { ino, offset, data } => {
-                let _span = debug_span!("block rest push", ino, offset).entered();
-                if sink.store(ino, offset, &data) {
-                    pushed(data.len());
-                }
-            }
-        }
     }
 }
 

@@ -27,6 +27,8 @@ use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use lru::LruCache;
 use stagefs_prefetch::staging::SMALL_FILE;
@@ -34,6 +36,7 @@ use stagefs_prefetch::{block_count, FileKind, Priority, BLOCK_SIZE};
 use tracing::{debug, debug_span};
 
 use crate::files::Files;
+use crate::sink::PageSink;
 use crate::snapshot::{NodeAttr, NodeId};
 
 /// Files pushed ahead of an in-order reader per window: 64 ImageNet images are ~7 MB of page
@@ -41,20 +44,10 @@ use crate::snapshot::{NodeAttr, NodeId};
 pub const PUSH_FILES: usize = 64;
 /// Most bytes pushed per window, so a directory of larger files does not flood the page cache.
 pub const PUSH_BYTES: u64 = 32 << 20;
+/// First opens waiting for the walker; more are dropped (the next open asks again).
+const QUEUE: usize = 64;
 /// Directories whose walk state is kept (readers walking many directories at once).
 const WALKS: usize = 256;
-
-/// Where pushed file contents go: the kernel's page cache of inode `ino`.
-pub trait PageSink: Send + Sync {
-    /// Offers `data` as the contents of inode `ino` at `offset`; false if it was refused (the
-    /// kernel no longer knows the inode, or the mount is going away).
-    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> bool;
-
-    /// Whether pages of `ino` would be kept (asked before reading them from scratch).
-    fn holds(&self, _ino: u64) -> bool {
-        true
-    }
-}
 
 /// What the walker knows of one directory.
 #[derive(Clone, Copy, Default)]
@@ -67,8 +60,24 @@ struct Walk {
     pushed_hi: usize,
 }
 
+/// Starts the walker over `files` (none when cross-file prefetch is off); it ends when
+/// [`Files::stop`] drops its channel.
+pub(crate) fn start(files: &Arc<Files>) -> std::io::Result<Option<JoinHandle<()>>> {
+    let count = files.cross_file();
+    if count == 0 {
+        return Ok(None);
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel::<NodeId>(QUEUE);
+    files.set_walker(tx);
+    let files = files.clone();
+    let t = std::thread::Builder::new()
+        .name("stagefs-walk".into())
+        .spawn(move || run(&files, rx, count))?;
+    Ok(Some(t))
+}
+
 /// The walker thread's loop: runs until the channel closes (see [`Files::stop`]).
-pub(crate) fn run(files: &Files, rx: Receiver<NodeId>, count: usize) {
+fn run(files: &Files, rx: Receiver<NodeId>, count: usize) {
     let cap = NonZeroUsize::new(WALKS).unwrap_or(NonZeroUsize::MIN);
     let mut walks: LruCache<NodeId, Walk> = LruCache::new(cap);
     let mut pending: VecDeque<NodeId> = VecDeque::new();
@@ -200,11 +209,4 @@ fn push_file(files: &Files, sink: &dyn PageSink, id: NodeId, attr: &NodeAttr) ->
     stats.files_pushed.fetch_add(1, Relaxed);
     stats.bytes_pushed.fetch_add(n, Relaxed);
     Some(n)
-}
-
-/// Lets a closure serve as a sink (tests record pushes this way).
-impl<F: Fn(u64, u64, &[u8]) -> bool + Send + Sync> PageSink for F {
-    fn store(&self, ino: u64, offset: u64, data: &[u8]) -> bool {
-        self(ino, offset, data)
-    }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stagefs_fs::hints::{Rejected, MAX_LINE, MAX_RANGES};
-use stagefs_fs::walk::PageSink;
+use stagefs_fs::sink::PageSink;
 use stagefs_fs::FsCore;
 use stagefs_prefetch::BLOCK_SIZE;
 use support::*;

@@ -10,7 +10,7 @@ use std::fs;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stagefs_fs::walk::PageSink;
+use stagefs_fs::sink::PageSink;
 use stagefs_fs::FsCore;
 use support::*;
 
