@@ -688,6 +688,17 @@ pub fn csv_chunks(
     let chunk = chunk.clamp(1, max_record.max(1));
     let mut want = chunk;
     let mut eof = false;
+    let mut emit_at = |offset: u64, header: bool, buf: Vec<u8>| {
+        let len = buf.len() as u64;
+        emit(
+            Span::Csv {
+                offset,
+                len,
+                header,
+            },
+            buf,
+        )
+    };
     loop {
         let left = usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX);
         let mut buf = pool.get(want.min(left).max(carry.len()) + 1)?;
@@ -703,15 +714,7 @@ pub fn csv_chunks(
         }
         if eof {
             if !buf.is_empty() {
-                let len = buf.len() as u64;
-                emit(
-                    Span::Csv {
-                        offset,
-                        len,
-                        header,
-                    },
-                    buf,
-                )?;
+                emit_at(offset, header, buf)?;
             }
             return Ok(());
         }
@@ -719,14 +722,7 @@ pub fn csv_chunks(
             Some(cut) => {
                 carry = buf.split_off(cut);
                 let len = buf.len() as u64;
-                emit(
-                    Span::Csv {
-                        offset,
-                        len,
-                        header,
-                    },
-                    buf,
-                )?;
+                emit_at(offset, header, buf)?;
                 offset += len;
                 header = false;
                 want = chunk;

@@ -24,7 +24,6 @@ use stagefs_prefetch::SourceError;
 use super::scan::clean;
 use super::tree::DirState;
 use super::{Inner, NodeAttr, NodeId, SnapshotError};
-use crate::error::source_errno;
 
 impl Inner {
     /// See [`super::Snapshot::revalidate`].
@@ -101,11 +100,7 @@ impl Inner {
         let names = match source.read_dir(path) {
             Ok(names) => names,
             Err(e) => {
-                let mut t = self.write();
-                let dir = &mut t.dirs[d as usize];
-                dir.state = DirState::Failed;
-                dir.errno = source_errno(&e);
-                t.record_error(format!("{e}; directory skipped"));
+                self.write().dir_failed(d, &e);
                 return Ok(());
             }
         };

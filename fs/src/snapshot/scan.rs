@@ -36,7 +36,6 @@ use stagefs_prefetch::SourceError;
 
 use super::tree::{valid_name, DirState, Progress, Tree, PENDING};
 use super::{Inner, Job, NodeId, Queue, ScanOptions, Snapshot, SnapshotError};
-use crate::error::source_errno;
 
 /// Most entries statted per job: 128 source round trips (~0.1 s on a parallel filesystem) is
 /// long enough that taking the job costs nothing in comparison, and short enough that a waiting
@@ -202,12 +201,7 @@ impl Inner {
         let names = match source.read_dir(&path) {
             Ok(names) => names,
             Err(e) => {
-                let mut t = self.write();
-                let dir = &mut t.dirs[d as usize];
-                dir.state = DirState::Failed;
-                dir.errno = source_errno(&e);
-                t.record_error(format!("{e}; directory skipped"));
-                drop(t);
+                self.write().dir_failed(d, &e);
                 self.dir_finished(d, inline);
                 return true;
             }

@@ -446,6 +446,16 @@ impl Tree {
         }
     }
 
+    /// Marks directory `d` as failed to list with `e` (its listings answer that errno) and
+    /// records it: the scan and the re-listing of `--revalidate` skip it alike.
+    pub fn dir_failed(&mut self, d: u32, e: &stagefs_prefetch::SourceError) {
+        if let Some(dir) = self.dirs.get_mut(d as usize) {
+            dir.state = DirState::Failed;
+            dir.errno = crate::error::source_errno(e);
+        }
+        self.record_error(format!("{e}; directory skipped"));
+    }
+
     /// Records a skipped entry or directory.
     pub fn record_error(&mut self, msg: String) {
         self.errors_total += 1;
