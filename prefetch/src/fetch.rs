@@ -73,12 +73,19 @@ pub struct FetchConfig {
 /// renders) with room for a few stuck on a hung source.
 const DEMAND_THREADS: usize = 16;
 
+impl FetchConfig {
+    /// Default [`FetchConfig::workers`] (`stagefs mount --fetch-threads`).
+    pub const DEFAULT_WORKERS: usize = 32;
+    /// Default [`FetchConfig::read_timeout`] (`stagefs mount --read-timeout`).
+    pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(300);
+}
+
 impl Default for FetchConfig {
     fn default() -> Self {
         FetchConfig {
-            workers: 32,
+            workers: Self::DEFAULT_WORKERS,
             max_queued: 4096,
-            read_timeout: Duration::from_secs(300),
+            read_timeout: Self::DEFAULT_READ_TIMEOUT,
         }
     }
 }

@@ -95,7 +95,7 @@ impl Args {
 pub struct ImageArgs {
     /// Image views: side S of the S×S crops (shorter side resized to S, then center crop);
     /// 1..=8192.
-    #[arg(long, default_value_t = 224, value_parser = parse_image_size)]
+    #[arg(long, default_value_t = stagefs_views::view::DEFAULT_IMAGE_SIZE, value_parser = parse_image_size)]
     pub image_size: u32,
     /// Image views: decode JPEGs at a reduced scale in the DCT domain (the smallest M/8 that
     /// keeps the shorter side ≥ S), then resize: about twice as fast, a few levels from Pillow.

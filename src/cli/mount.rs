@@ -56,7 +56,7 @@ pub struct Args {
     pub revalidate: Option<Duration>,
     /// Metadata requests kept in flight while listing SOURCE (parallel filesystems answer
     /// concurrent requests far faster than serial ones).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = stagefs_fs::fscore::DEFAULT_SCAN_THREADS as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub scan_threads: u64,
     /// Cache directory on node-local scratch (created if missing; reused by later mounts; one
     /// mount at a time: its cache log and the snapshot of SOURCE are kept there).
@@ -82,7 +82,7 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", default_value = "300", value_parser = super::units::parse_positive_duration)]
     pub read_timeout: Duration,
     /// Source reads kept in flight ahead of readers (read-ahead, prefetch, staging).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = FetchConfig::DEFAULT_WORKERS as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub fetch_threads: u64,
     /// Have the kernel ask the daemon at every open and close of a file (FUSE's default). By
     /// default it does not: the first open is answered "not implemented", after which the
@@ -122,7 +122,7 @@ pub struct Args {
     #[arg(long)]
     pub no_readdirplus: bool,
     /// FUSE request threads.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = MountOptions::DEFAULT_THREADS)]
     pub fuse_threads: usize,
     /// Let other users read the mount (needs `user_allow_other` in /etc/fuse.conf unless root).
     #[arg(long)]
@@ -387,46 +387,54 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         fs::canonicalize(&args.source)?,
         fs::canonicalize(&args.cache)?,
     );
-    let cfg = FsConfig {
-        cache_size: args
-            .cache_size
-            .unwrap_or_else(|| stagefs_fs::fscore::default_cache_size(&cache_dir)),
-        source,
-        cache_dir,
-        direct_scratch: !args.buffered_scratch,
-        fetch: FetchConfig {
-            workers: args.fetch_threads as usize,
-            read_timeout: args.read_timeout,
-            ..FetchConfig::default()
-        },
-        stage: !args.no_staging,
-        cross_file: stagefs_fs::fscore::CROSS_FILE_COUNT,
-        image_size: args.image.image_size,
-        strict_views: args.strict_views,
-        index: args
-            .index
-            .as_ref()
-            .map(fs::canonicalize)
-            .transpose()
-            .with_context(|| {
-                format!(
-                    "index {} is not accessible",
-                    args.index.as_deref().unwrap_or(Path::new("")).display()
-                )
-            })?,
-        rescan: args.rescan,
-        revalidate: args.revalidate,
-        scan_threads: args.scan_threads as usize,
-        fast_decode: args.image.fast_decode,
-        max_image_pixels: args.image.max_image_pixels,
-        decode_budget: args.image.decode_budget,
-    };
+    let index = args
+        .index
+        .as_ref()
+        .map(fs::canonicalize)
+        .transpose()
+        .with_context(|| {
+            format!(
+                "index {} is not accessible",
+                args.index.as_deref().unwrap_or(Path::new("")).display()
+            )
+        })?;
+    let cfg = fs_config(args, source, cache_dir, index);
     let core = FsCore::new(cfg)
         .map_err(|e| anyhow::anyhow!("opening the cache in {}: {e}", args.cache.display()))?;
     super::logging::count_dropped_replies_in(core.stats().clone());
     // What was asked; `mount` applies the rules (passthrough only as root, no skipped opens
     // nor pushes under --revalidate, daemon opens for direct I/O): MountOptions::settled.
-    let opts = MountOptions {
+    let mounted = mount(core.clone(), &args.mountpoint, &mount_options(args))
+        .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;
+    Ok((core, mounted))
+}
+
+/// The library's configuration ([`FsConfig::new`], whose defaults the flags' defaults equal:
+/// `cli_defaults_are_the_library_defaults`) with what the flags change.
+fn fs_config(args: &Args, source: PathBuf, cache_dir: PathBuf, index: Option<PathBuf>) -> FsConfig {
+    let mut cfg = FsConfig::new(source, cache_dir);
+    if let Some(size) = args.cache_size {
+        cfg.cache_size = size;
+    }
+    cfg.direct_scratch = !args.buffered_scratch;
+    cfg.fetch.workers = args.fetch_threads as usize;
+    cfg.fetch.read_timeout = args.read_timeout;
+    cfg.stage = !args.no_staging;
+    cfg.image_size = args.image.image_size;
+    cfg.strict_views = args.strict_views;
+    cfg.index = index;
+    cfg.rescan = args.rescan;
+    cfg.revalidate = args.revalidate;
+    cfg.scan_threads = args.scan_threads as usize;
+    cfg.fast_decode = args.image.fast_decode;
+    cfg.max_image_pixels = args.image.max_image_pixels;
+    cfg.decode_budget = args.image.decode_budget;
+    cfg
+}
+
+/// The session options asked by the flags (the defaults are [`MountOptions::default`]'s).
+fn mount_options(args: &Args) -> MountOptions {
+    MountOptions {
         passthrough: !args.no_passthrough,
         threads: args.fuse_threads,
         allow_other: args.allow_other,
@@ -435,10 +443,7 @@ fn start(args: &Args) -> anyhow::Result<(std::sync::Arc<FsCore>, stagefs_fs::mou
         readdirplus: !args.no_readdirplus,
         direct_io_large: args.direct_io,
         push_ahead: args.push_ahead,
-    };
-    let mounted = mount(core.clone(), &args.mountpoint, &opts)
-        .with_context(|| format!("mounting at {}", args.mountpoint.display()))?;
-    Ok((core, mounted))
+    }
 }
 
 /// The kernel offers FUSE only 128 KiB of read-ahead at init, so daemon-served reads arrive in
@@ -557,4 +562,60 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// The flags' defaults live in the libraries (FsConfig::new, MountOptions::default); the
+    /// ones clap writes as text ("300", "64M") are held to them here.
+    #[test]
+    fn cli_defaults_are_the_library_defaults() {
+        let cli = Cli::try_parse_from(["stagefs", "src", "mnt", "--cache", "c"]).unwrap();
+        let (src, cache) = (PathBuf::from("/src"), std::env::temp_dir());
+        let mut from_flags = fs_config(&cli.args, src.clone(), cache.clone(), None);
+        let mut library = FsConfig::new(src, cache);
+        // The free-space default is asked of the filesystem twice: it may move between.
+        (from_flags.cache_size, library.cache_size) = (0, 0);
+        assert_eq!(format!("{from_flags:?}"), format!("{library:?}"));
+        assert_eq!(
+            format!("{:?}", mount_options(&cli.args)),
+            format!("{:?}", MountOptions::default())
+        );
+    }
+
+    #[test]
+    fn flags_reach_the_configuration() {
+        let cli = Cli::try_parse_from([
+            "stagefs",
+            "src",
+            "mnt",
+            "--cache",
+            "c",
+            "--read-timeout",
+            "10m",
+            "--fetch-threads",
+            "4",
+            "--image-size",
+            "64",
+            "--cache-size",
+            "2G",
+            "--no-push",
+        ])
+        .unwrap();
+        let cfg = fs_config(&cli.args, "/src".into(), std::env::temp_dir(), None);
+        assert_eq!(cfg.fetch.read_timeout, Duration::from_secs(600));
+        assert_eq!(cfg.fetch.workers, 4);
+        assert_eq!(cfg.image_size, 64);
+        assert_eq!(cfg.cache_size, 2 << 30);
+        assert!(!mount_options(&cli.args).push);
+    }
 }
