@@ -216,9 +216,13 @@ impl Drop for Publish<'_> {
                 "fetch aborted".into(),
             ))
         });
+        // Unlisted before its outcome is published: a reader that sees the outcome (a failure,
+        // say) and asks again must start a new fetch, not join this finished one and be handed
+        // its stale error (regression_a_read_after_a_failed_fetch_is_not_given_its_stale_error).
+        // Its waiters hold the slot and still get the outcome.
+        lock(&self.shared.inflight).remove(&self.id);
         *lock(&self.slot.done) = Some(outcome);
         self.slot.cv.notify_all();
-        lock(&self.shared.inflight).remove(&self.id);
     }
 }
 

@@ -178,6 +178,27 @@ fn source_eio_fails_the_read_with_eio_and_caches_nothing() {
     f.shutdown();
 }
 
+/// CI (root, load 23): a read right after a failed fetch found the failed fetch still listed
+/// as in flight (it was unlisted after its waiters were woken) and got its stale EIO, although
+/// the source had recovered.
+#[test]
+fn regression_a_read_after_a_failed_fetch_is_not_given_its_stale_error() {
+    const ROUNDS: u32 = 64;
+    let (_t, src, f, e) = setup(
+        TestSource::new(ROUNDS as usize * BLOCK_SIZE as usize, 0),
+        cfg(1),
+    );
+    // A block per round: a recovered read caches its block, so the next round needs a miss.
+    for slot in 0..ROUNDS {
+        src.fail.store(true, SeqCst);
+        assert!(f.block(&want(&src, e, slot)).is_err());
+        src.fail.store(false, SeqCst);
+        let r = f.block(&want(&src, e, slot));
+        assert!(r.is_ok(), "block {slot}: {r:?}");
+    }
+    f.shutdown();
+}
+
 #[test]
 fn file_changed_on_source_is_reported_not_mixed() {
     let (_t, src, f, e) = setup(TestSource::new(2 * BLOCK_SIZE as usize, 0), cfg(1));
