@@ -1014,6 +1014,39 @@ fn regression_concurrent_opens_of_a_cached_large_file_never_mix_passthrough_and_
     );
 }
 
+/// CI (root, load 23): `stagefs umount` right after the test's last read failed "busy",
+/// although the test had closed everything (a process that has just closed or exited, or a
+/// forked child not yet exec'd, can hold the mount for a moment). A mount whose last user
+/// goes away within the grace period is unmounted; one still in use fails with the advice.
+fn regression_umount_right_after_the_last_close_is_not_refused_as_busy() {
+    let (tmp, src) = fresh();
+    make_tree(&src);
+    let mut m = Mount::new(tmp.path(), &src, &["--no-staging"]);
+    // A regular file of the mount (not a symlink, whose target may lie elsewhere).
+    let name = fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .find(|e| e.file_type().unwrap().is_file())
+        .expect("a file at the root of the tree")
+        .path();
+    // Still in use for the whole grace period: refused, with what to do.
+    let held = fs::File::open(&name).unwrap();
+    let out = m.command(BIN).arg("umount").arg(&m.mnt).output().unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("busy") && err.contains("--lazy"), "{err}");
+    // Its user goes away a moment after the unmount begins: unmounted.
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(held);
+    });
+    m.umount();
+    closer.join().unwrap();
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = format!(" {} ", m.mnt.display());
+    assert!(!mounts.contains(&at), "still mounted: {mounts}");
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
@@ -1070,6 +1103,10 @@ fn main() -> std::process::ExitCode {
             Need::Fuse
         ),
         test!(two_mounts_on_one_cache_the_second_is_refused, Need::Fuse),
+        test!(
+            regression_umount_right_after_the_last_close_is_not_refused_as_busy,
+            Need::Fuse
+        ),
         test!(
             regression_concurrent_opens_of_a_cached_large_file_never_mix_passthrough_and_cache,
             Need::Fuse,

@@ -141,6 +141,8 @@ pub struct UmountArgs {
     /// The mountpoint to unmount.
     pub mountpoint: PathBuf,
     /// Detach even if busy (lazy unmount): the mount goes away when its last user closes.
+    /// Without it, a busy mount is tried again for 3 seconds (processes that just exited may
+    /// still be closing their files), then refused.
     #[arg(long, short = 'l')]
     pub lazy: bool,
 }
@@ -477,22 +479,48 @@ fn block_signals() -> anyhow::Result<libc::sigset_t> {
     }
 }
 
-/// Unmounts `path`: umount2 as root, else `fusermount3 -u`.
+/// How long a busy mount is tried again before `stagefs umount` gives up: processes that just
+/// exited may still be closing their files (a DataLoader's workers end after their parent, and
+/// a forked child holds its parent's descriptors until it execs), which makes an unmount right
+/// after a job's last read fail with EBUSY although nothing is using the mount any more.
+const BUSY_GRACE: Duration = Duration::from_secs(3);
+
+/// Unmounts `path` (see [`unmount_once`]), trying a busy mount again for [`BUSY_GRACE`].
 fn unmount_path(path: &Path, lazy: bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + BUSY_GRACE;
+    loop {
+        match unmount_once(path, lazy)? {
+            Unmount::Done => return Ok(()),
+            Unmount::Busy if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Unmount::Busy => bail!(
+                "{} is busy (a process has files open or its cwd there); close them or use --lazy",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// What one unmount attempt found.
+enum Unmount {
+    Done,
+    Busy,
+}
+
+/// One unmount attempt: umount2 as root, else `fusermount3 -u`.
+fn unmount_once(path: &Path, lazy: bool) -> anyhow::Result<Unmount> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         let c = CString::new(path.as_os_str().as_bytes())?;
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
         // SAFETY: umount2 reads a valid C string.
         if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-            return Ok(());
+            return Ok(Unmount::Done);
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EBUSY) {
-            bail!(
-                "{} is busy (a process has files open or its cwd there); close them or use --lazy",
-                path.display()
-            );
+            return Ok(Unmount::Busy);
         }
         if which("fusermount3").is_none() {
             bail!("unmounting {}: {err}", path.display());
@@ -507,14 +535,15 @@ fn unmount_path(path: &Path, lazy: bool) -> anyhow::Result<()> {
         .arg(path)
         .output()
         .context("running fusermount3 (install the fuse3 package)")?;
-    if !out.status.success() {
-        bail!(
-            "fusermount3 -u {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    if out.status.success() {
+        return Ok(Unmount::Done);
     }
-    Ok(())
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // fusermount3 says "Device or resource busy" (strerror(EBUSY)).
+    if stderr.contains("busy") {
+        return Ok(Unmount::Busy);
+    }
+    bail!("fusermount3 -u {}: {}", path.display(), stderr.trim());
 }
 
 /// How long `stagefs umount` waits for the stats file (which names the daemon's pid) before it
