@@ -129,7 +129,8 @@ pub struct Files {
     cross_file: usize,
     xfile: Mutex<Option<SyncSender<NodeId>>>,
     sink: RwLock<Option<Arc<dyn PageSink>>>,
-    pushers: Mutex<Option<crate::stream::Pushers>>,
+    /// The pusher threads' queue (none before they start and after [`Files::stop`]).
+    pushers: Mutex<Option<SyncSender<crate::stream::Push>>>,
     /// Push large files ahead of streaming readers (a lever, off by default).
     push_ahead: AtomicBool,
     /// Bytes held by all files' remembered blocks.
@@ -397,10 +398,11 @@ impl Files {
         Ok(ReadData::Gathered(out))
     }
 
-    /// Offers the pushers cached blocks to hand to the kernel (dropped when they are busy).
+    /// Offers the pushers cached blocks to hand to the kernel: dropped when their queue is full
+    /// or closed (a push is a hint, never a wait).
     pub(crate) fn offer_push(&self, push: crate::stream::Push) {
-        if let Some(p) = lock(&self.pushers).as_ref() {
-            p.offer(push);
+        if let Some(tx) = lock(&self.pushers).as_ref() {
+            let _ = tx.try_send(push);
         }
     }
 
@@ -411,12 +413,10 @@ impl Files {
         if lock(&s.stream).streaming() || self.page_sink().is_none() {
             return;
         }
-        let pushers = lock(&self.pushers);
-        let Some(p) = pushers.as_ref() else { return };
         let ino = crate::inode::source_ino(s.node);
         for r in crate::stream::rest_of_block(data.len(), served) {
             if !r.is_empty() {
-                p.offer(crate::stream::Push::Bytes {
+                self.offer_push(crate::stream::Push::Bytes {
                     ino,
                     offset: idx * BLOCK_SIZE + r.start as u64,
                     data: data.slice(r),
@@ -434,9 +434,7 @@ impl Files {
         if !self.push_ahead.load(Relaxed) {
             return;
         }
-        let pushers = lock(&self.pushers);
-        let Some(p) = pushers.as_ref() else { return };
-        p.offer(crate::stream::Push::Blocks {
+        self.offer_push(crate::stream::Push::Blocks {
             ino: crate::inode::source_ino(s.node),
             entry: s.entry,
             size: s.version.size,
@@ -506,16 +504,15 @@ impl Files {
     }
 
     /// Hands pushes to the pusher threads ([`crate::pushers::start`]).
-    pub(crate) fn set_pushers(&self, p: crate::stream::Pushers) {
-        *lock(&self.pushers) = Some(p);
+    pub(crate) fn set_pushers(&self, tx: SyncSender<crate::stream::Push>) {
+        *lock(&self.pushers) = Some(tx);
     }
 
     /// Ends the cross-file thread and the pushers (they exit when their channels close).
     pub fn stop(&self) {
         lock(&self.xfile).take();
-        if let Some(p) = lock(&self.pushers).take() {
-            p.stop();
-        }
+        // Dropping the sender closes the queue: the threads end after the push in hand.
+        lock(&self.pushers).take();
     }
 
     /// Binds the entries a previous mount left in the cache to the snapshot's nodes (same path

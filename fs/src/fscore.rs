@@ -59,11 +59,11 @@ type StatsView = (Instant, SystemTime, Arc<[u8]>, Instant);
 /// its end: "trailing characters", seen under load).
 pub const STATS_FILE_UNIT: usize = 8 << 10;
 /// A rendering still being read (served within this) is kept, up to [`STATS_VIEW_MAX_AGE`], so
-/// that the pieces of one reader's reads come from one rendering. As long as
-/// [`STATS_VIEW_AGE`]: it then keeps a rendering no longer than that for any reader that does
-/// not poll faster, and a reader whose next piece comes 20 ms later (the earlier value) is
-/// common on a loaded node (CI, load 23: JSON torn between two renderings at a 512-byte piece).
-pub const STATS_VIEW_IDLE: Duration = Duration::from_millis(100);
+/// that the pieces of one reader's reads come from one rendering. [`STATS_VIEW_AGE`] itself:
+/// a reader that polls slower never sees an older rendering than it would anyway, and a
+/// reader whose next piece comes 20 ms later (the earlier value) is common on a loaded node
+/// (CI, load 23: JSON torn between two renderings at a 512-byte piece).
+pub const STATS_VIEW_IDLE: Duration = STATS_VIEW_AGE;
 /// Oldest rendering served, however busy the file is.
 pub const STATS_VIEW_MAX_AGE: Duration = Duration::from_secs(1);
 

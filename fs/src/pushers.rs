@@ -15,7 +15,7 @@ use stagefs_prefetch::{block_count, BLOCK_SIZE};
 use tracing::debug_span;
 
 use crate::files::Files;
-use crate::stream::{Push, Pushers, PUSHERS, QUEUE};
+use crate::stream::{Push, PUSHERS, QUEUE};
 
 /// Starts the pusher threads over `files` and gives it their queue.
 pub(crate) fn start(files: &Arc<Files>) -> std::io::Result<()> {
@@ -27,7 +27,7 @@ pub(crate) fn start(files: &Arc<Files>) -> std::io::Result<()> {
             .name(format!("stagefs-push-{i}"))
             .spawn(move || run(&files, &rx))?;
     }
-    files.set_pushers(Pushers::new(tx));
+    files.set_pushers(tx);
     Ok(())
 }
 

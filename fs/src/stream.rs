@@ -35,11 +35,9 @@
 //! footprint. [`PUSHERS`] threads: two, so one reader's push never waits for another's.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::{EntryId, BLOCK_SIZE};
 
 /// Bytes pushed ahead of a streaming reader per round trip.
@@ -114,33 +112,6 @@ pub(crate) enum Push {
     /// Verified bytes a reader's request brought into memory already (the rest of a block it
     /// read), as the pages of inode `ino` at `offset`.
     Bytes { ino: u64, offset: u64, data: Bytes },
-}
-
-/// The pushers' queue.
-pub(crate) struct Pushers {
-    tx: Mutex<Option<SyncSender<Push>>>,
-}
-
-impl Pushers {
-    /// The queue's sending side, over `tx` (the pusher threads hold the receiver).
-    pub(crate) fn new(tx: SyncSender<Push>) -> Pushers {
-        Pushers {
-            tx: Mutex::new(Some(tx)),
-        }
-    }
-
-    /// Queues `push`; dropped when the queue is full (a hint, never a wait).
-    pub fn offer(&self, push: Push) {
-        if let Some(tx) = lock(&self.tx).as_ref() {
-            // A full or closed queue drops the push: it is a hint.
-            let _ = tx.try_send(push);
-        }
-    }
-
-    /// Closes the queue: the threads end after the push in hand.
-    pub fn stop(&self) {
-        lock(&self.tx).take();
-    }
 }
 
 /// The pages of a block of `len` bytes that a request for `served` (offsets in the block) did
