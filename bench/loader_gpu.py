@@ -3,6 +3,7 @@
 time a consumer running at 0.9x that peak waited for data. Called by scripts/gpu-check.sh.
 
     python3 bench/loader_gpu.py FILE.npy --device cuda:0 --peak-gbps 25.1 [--epochs 3]
+        [--readers R] [--ring K]   (default: the Loader's own defaults)
 
 Needs only the built package on PYTHONPATH (gpu/python/python with _native*.so): with torch
 installed the batches are taken with torch.from_dlpack on a side stream and checksummed on the
@@ -17,16 +18,18 @@ import time
 
 import stagefs
 
+VERIFY_EVERY = 16  # batches between two checksummed on the device (inside the timed loop)
+
 try:
     import torch
 except ImportError:
     torch = None
 
 
-def run(path, device, batch, epochs, consume_gbps, verify):
+def run(path, device, batch, epochs, consume_gbps, verify, readers, ring):
     tensors = "torch" if torch is not None else "dlpack"
-    loader = stagefs.Loader([path], batch, shuffle=True, seed=0, device=device, ring=4, readers=4,
-                            tensors=tensors)
+    loader = stagefs.Loader([path], batch, shuffle=True, seed=0, device=device, ring=ring or None,
+                            readers=readers or None, tensors=tensors)
     mismatches = checked = 0
     want = None
     if verify and torch is not None:
@@ -44,7 +47,7 @@ def run(path, device, batch, epochs, consume_gbps, verify):
                 n = x.shape[0] * (x.shape[1] if len(x.shape) > 1 else 1)
             else:
                 n = x.numel() * x.element_size()
-                if want is not None and i % 16 == 0:
+                if want is not None and i % VERIFY_EVERY == 0:
                     rows = order[i * batch:(i + 1) * batch]
                     ref = torch.from_numpy(want[rows]).to(device)
                     checked += 1
@@ -59,7 +62,8 @@ def run(path, device, batch, epochs, consume_gbps, verify):
     return {"gb_per_s": nbytes / 1e9 / wall, "seconds": wall, "bytes": nbytes,
             "consume_gbps": consume_gbps, "device_wait_share": s["device_wait_share"],
             "ring_full_share": s["ring_full_share"], "verdict": s["verdict"], "tensors": tensors,
-            "verified_batches": checked, "verify_mismatches": mismatches}
+            "verified_batches": checked, "verify_mismatches": mismatches, "readers": s["readers"],
+            "ring": s["ring"]}
 
 
 def main():
@@ -69,12 +73,18 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="rows per batch (1 MiB rows: 64 MiB)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--peak-gbps", type=float, default=0.0)
+    p.add_argument("--readers", type=int, default=0, help="[default: the Loader's]")
+    p.add_argument("--ring", type=int, default=0, help="batches in flight [default: the Loader's]")
+    p.add_argument("--no-verify", action="store_true", help="time the loader alone")
     args = p.parse_args()
-    fast = run(args.file, args.device, args.batch, args.epochs, None, verify=True)
+    ring = args.ring
+    fast = run(args.file, args.device, args.batch, args.epochs, None, not args.no_verify, args.readers,
+               ring)
     fast["name"] = "loader_page_cache"
     print(json.dumps(fast, separators=(",", ":")), flush=True)
     if args.peak_gbps > 0:
-        paced = run(args.file, args.device, args.batch, args.epochs, 0.9 * args.peak_gbps, verify=False)
+        paced = run(args.file, args.device, args.batch, args.epochs, 0.9 * args.peak_gbps, False,
+                    args.readers, ring)
         paced["name"] = f"loader_consumer_at_{0.9 * args.peak_gbps:.2f}GBps"
         print(json.dumps(paced, separators=(",", ":")), flush=True)
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device check of the GPU streamer, one command on a machine with an NVIDIA GPU (a few minutes):
 #   1. builds stagefs with --features cuda (release), unless STAGEFS_BIN names a binary built
-#      elsewhere (a CUDA build needs no CUDA toolkit: libcuda is loaded at run time);
+#      elsewhere (a CUDA build needs no CUDA toolkit: libcuda is loaded at run time), and runs
+#      the CUDA tests: gpu/tests/cuda.rs (or target/gpu-bin/test-cuda, built elsewhere) and
+#      the Loader's pytest files, whose cuda:0 cases need torch with CUDA;
 #   2. measures the pinned host-to-device cudaMemcpy peak;
 #   3. generates a SIZE_GB (default 4) GB .npy of random bytes on local disk;
 #   4. streams it to the GPU from page cache, from disk (evicted first) and, when
@@ -60,6 +62,24 @@ if [[ -f target/gpu-bin/_native.abi3.so ]]; then
   cp target/gpu-bin/_native.abi3.so "$PYPKG/stagefs/_native.abi3.so"
 elif command -v python3 >/dev/null && CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p stagefs-python; then
   cp target/release/lib_native.so "$PYPKG/stagefs/_native.abi3.so"
+fi
+
+say "CUDA tests (gpu/tests/cuda.rs; tests/py/test_loader*.py on cuda:0 with torch)"
+# The Rust test binary: built with the streamer (cargo test --release --features cuda -p
+# stagefs-gpu --test cuda --no-run), or brought along as target/gpu-bin/test-cuda.
+TESTS_OK=1
+if [[ -x target/gpu-bin/test-cuda ]]; then
+  target/gpu-bin/test-cuda || TESTS_OK=0
+elif CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --features cuda -p stagefs-gpu --test cuda 2>&1; then
+  :
+else
+  TESTS_OK=0
+fi
+if [[ "$GPU" != cpu && -f "$PYPKG/stagefs/_native.abi3.so" ]] && python3 -c 'import pytest, numpy' 2>/dev/null; then
+  PYTHONPATH=$PYPKG python3 -m pytest -q -p no:cacheprovider tests/py/test_loader.py \
+    tests/py/test_loader_augment.py tests/py/test_loader_resume.py 2>&1 | tail -25 || TESTS_OK=0
+else
+  echo "skipped: needs a GPU, python3 with pytest and numpy, and the built extension"
 fi
 
 say "pinned host-to-device copy peak"
@@ -194,4 +214,5 @@ done
 echo "targets (issue 6): >= 0.9x peak from page cache; >= 0.9x dd from disk with the device waiting < 5%"
 echo "targets (issue 11): loader >= 0.9x peak; consumer at 0.9x peak waiting < 5%"
 [[ "${KEEP:-0}" == 1 ]] || rm -f "$FILE"
+if [[ $TESTS_OK == 0 ]]; then echo "CUDA TESTS FAILED (above)"; status=1; fi
 exit $status

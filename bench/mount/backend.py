@@ -12,6 +12,10 @@ side alike), for each dataset:
                  listing + reads), LATER epochs on the same mount (caches dropped before each),
                  and one without dropping caches;
   root (C)       the same mounted by root (kernel passthrough for staged files): secondary line.
+With --compute, every epoch of every side feeds a training step that takes as long per MB as
+a local epoch of that reader reads it (measured first in each round by one local epoch without
+it, recorded as mode "calibrate"): a GPU busy half the time, so the job shows how much of the
+staging and the reads the training hides (reader.py --compute-s-per-mb).
 Every epoch is reader.py run as the side's user; every stagefs epoch records the stats it moved
 (hit ratio, metadata requests, stall, passthrough bytes). The report (report.py) takes the ratios.
 """
@@ -77,6 +81,7 @@ class Backend:
         self.root = Who("root", a.user)
         self.readers = a.readers.split(",")
         self.datasets = a.datasets.split(",")
+        self.compute = {}  # (dataset, reader) -> the training step's seconds per MB
 
     def run_pass(self, name: str, fn, *args) -> None:
         if self.a.only and not re.search(self.a.only, name):
@@ -108,13 +113,22 @@ class Backend:
                             bytes=sum(sizes), files=len(sizes), mbps=sum(sizes) / secs / 1e6,
                             files_s=len(sizes) / secs)
             for reader in self.readers:
+                if self.a.compute:
+                    load = self.res.begin()
+                    ep = self.user.epoch(dst, reader, seed=0)
+                    per_mb = ep["read_s"] / (ep["bytes"] / 1e6)
+                    self.compute[(ds, reader)] = per_mb
+                    self.res.record(load, mode="calibrate", dataset=ds, side="seed",
+                                    reader=reader, compute_s_per_mb=per_mb,
+                                    **rate(ep, ep["epoch_s"]))
+                compute = self.compute.get((ds, reader), 0.0)
                 for k in range(2, 2 + self.a.later):
                     load = self.res.begin()
-                    ep = self.user.epoch(dst, reader, seed=k)
+                    ep = self.user.epoch(dst, reader, seed=k, compute=compute)
                     self.res.record(load, mode="local", dataset=ds, side="seed", reader=reader,
                                     epoch=k, **rate(ep, ep["epoch_s"]))
                 load = self.res.begin()
-                ep = self.user.epoch(dst, reader, seed=NODROP_SEED, drop=False)
+                ep = self.user.epoch(dst, reader, seed=NODROP_SEED, drop=False, compute=compute)
                 self.res.record(load, mode="local-nodrop", dataset=ds, side="seed",
                                 reader=reader, **rate(ep, ep["epoch_s"]))
         finally:
@@ -125,12 +139,16 @@ class Backend:
         cache = who.mkdir(os.path.join(self.a.scratch, who.name, f"cache-{ds}"))
         m = Mount(self.a.stagefs, who, self.a.mnt)
         src = os.path.join(self.a.bigdata, ds)
-        base = {"dataset": ds, "side": who.name, "reader": reader}
+        compute = self.compute.get((ds, reader), 0.0)
+        if self.a.compute and not compute:
+            raise RuntimeError("--compute needs the seed side first in the round (its "
+                               "calibration epoch sets the training step's pace)")
+        base = {"dataset": ds, "side": who.name, "reader": reader, "compute_s_per_mb": compute}
         try:
             drop_caches()
             load = self.res.begin()
             mount_s = m.mount(src, cache, ["--cache-size", self.a.cache_size])
-            ep = who.epoch(self.a.mnt, reader, seed=1, drop=False)
+            ep = who.epoch(self.a.mnt, reader, seed=1, drop=False, compute=compute)
             before = {}
             st = m.stats()
             mem = m.memory()
@@ -140,13 +158,13 @@ class Backend:
             for k in range(2, 2 + self.a.later):
                 before = st
                 load = self.res.begin()
-                ep = who.epoch(self.a.mnt, reader, seed=k)
+                ep = who.epoch(self.a.mnt, reader, seed=k, compute=compute)
                 st = m.stats()
                 self.res.record(load, mode="later", epoch=k, stats=stats_delta(before, st),
                                 **base, **rate(ep, ep["epoch_s"]))
             before = st
             load = self.res.begin()
-            ep = who.epoch(self.a.mnt, reader, seed=NODROP_SEED, drop=False)
+            ep = who.epoch(self.a.mnt, reader, seed=NODROP_SEED, drop=False, compute=compute)
             st = m.stats()
             self.res.record(load, mode="nodrop", stats=stats_delta(before, st), **base,
                             **rate(ep, ep["epoch_s"]), **m.memory())

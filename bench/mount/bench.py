@@ -66,6 +66,8 @@ def main() -> None:
     b.add_argument("--readers", default="shuf8,seq")
     b.add_argument("--sides", default="seed,user,root")
     b.add_argument("--later", type=int, default=3, help="epochs measured after epoch 1")
+    b.add_argument("--compute", action="store_true",
+                   help="every epoch feeds a training step as slow as a local read (backend.py)")
 
     s = sub.add_parser("scale")
     common(s)

@@ -77,14 +77,17 @@ class Who:
         os.chown(path, self.uid, self.gid)
         return path
 
-    def epoch(self, root: str, reader: str, seed: int, drop: bool = True) -> dict:
+    def epoch(self, root: str, reader: str, seed: int, drop: bool = True,
+              compute: float = 0.0) -> dict:
         """One epoch over `root` by reader.py, as this user (after dropping caches if `drop`):
         its files, bytes, list_s and read_s as measured inside the reader (no interpreter
-        start-up), and epoch_s = list_s + read_s."""
+        start-up), and epoch_s = list_s + read_s; with `compute` (seconds per MB), a training
+        step consumes the reads (reader.py's --compute-s-per-mb)."""
         if drop:
             drop_caches()
         r = self.run([sys.executable, READER, "epoch", root, "--reader", reader,
-                      "--seed", str(seed), "--threads", str(THREADS)])
+                      "--seed", str(seed), "--threads", str(THREADS),
+                      "--compute-s-per-mb", str(compute)])
         return json.loads(r.stdout)
 
 

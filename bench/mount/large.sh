@@ -13,15 +13,19 @@
 # alternated: drop caches, local epoch; drop caches, stagefs epoch; then one more epoch each
 # without dropping caches. CPU seconds count the reader and, for stagefs, the daemon
 # (/proc/PID/stat utime+stime), reported per GB read.
+# Mode `small` is the same figure for small files: SMALL_FILES x SMALL_KB (default 10,000 x
+# 100 KB in 100 folders, under src/small), shuffled, read whole by 8 threads.
 # Knobs: WORK=/var/tmp/stagefs-large, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test,
-# FILES=8, MB=256, ROUNDS=2, MODES="seq shuf mmap", B (mount arguments of a second mount).
+# FILES=8, MB=256, SMALL_FILES=10000, SMALL_KB=100, ROUNDS=2, MODES="seq shuf mmap small",
+# B (mount arguments of a second mount).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/var/tmp/stagefs-large}
 STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
 BENCH_USER=${BENCH_USER:-stagefs-test}
-FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} MODES=${MODES:-seq shuf mmap} B=${B-}
+FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} MODES=${MODES:-seq shuf mmap small} B=${B-}
+SMALL_FILES=${SMALL_FILES:-10000} SMALL_KB=${SMALL_KB:-100}
 [[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, loop devices)" >&2; exit 1; }
 uid=$(id -u "$BENCH_USER")
 as_user() { setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"; }
@@ -29,20 +33,36 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 gb=$(python3 -c "print($FILES * $MB / 1000)")
+small_gb=$(python3 -c "print($SMALL_FILES * $SMALL_KB / 1e6)")
+data_mb=$(( FILES * MB + SMALL_FILES * SMALL_KB / 1000 ))
 mkdir -p "$WORK/ram" "$WORK/scratch" "$WORK/src" "$WORK/bin"
 # Scratch holds the local copy and one or two caches.
-mountpoint -q "$WORK/ram" || mount -t tmpfs -o size=$(( FILES * MB * 9 / 2000 + 2 ))g tmpfs "$WORK/ram"
+mountpoint -q "$WORK/ram" || mount -t tmpfs -o size=$(( data_mb * 9 / 2000 + 2 ))g tmpfs "$WORK/ram"
 if ! mountpoint -q "$WORK/scratch"; then
-  truncate -s $(( FILES * MB * 4 ))M "$WORK/ram/scratch.img"
+  truncate -s $(( data_mb * 4 ))M "$WORK/ram/scratch.img"
   mkfs.ext4 -q -F "$WORK/ram/scratch.img"
   mount -o loop,discard "$WORK/ram/scratch.img" "$WORK/scratch"
 fi
 for i in $(seq 0 $((FILES - 1))); do
   [[ -s "$WORK/src/f$i.bin" ]] || head -c "${MB}M" /dev/urandom > "$WORK/src/f$i.bin"
 done
+if [[ " $MODES " == *" small "* && ! -f "$WORK/src/small/.done-$SMALL_FILES-$SMALL_KB" ]]; then
+  rm -rf "$WORK/src/small" "$WORK/scratch/u/local/small"
+  python3 - "$WORK/src/small" "$SMALL_FILES" "$SMALL_KB" <<'PY'
+import os, sys
+root, n, kb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(n):
+    d = os.path.join(root, f"c{i % 100:03d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"s{i:06d}.jpg"), "wb") as f:
+        f.write(os.urandom(kb * 1000))
+PY
+  touch "$WORK/src/small/.done-$SMALL_FILES-$SMALL_KB"
+fi
 chmod -R a+rX "$WORK/src"
 U="$WORK/scratch/u"; mkdir -p "$U/local" "$WORK/mnt" "$WORK/mnt-b"
 cp -u "$WORK/src"/f*.bin "$U/local/"
+[[ -d "$WORK/src/small" ]] && cp -ru "$WORK/src/small" "$U/local/"
 chown -R "$BENCH_USER:" "$U" "$WORK/mnt" "$WORK/mnt-b"; chmod 700 "$U"
 install -m 0755 "$STAGEFS" "$WORK/bin/stagefs"; install -m 0644 "$HERE/large_reader.py" "$WORK/bin/"
 BIN=$WORK/bin/stagefs
@@ -53,11 +73,17 @@ cpu_of() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }
 declare -A PID
 start() {  # MNT CACHE ARGS...: mount, fill the cache (epoch 1), wait for staging to finish
   local mnt=$1 cache=$2; shift 2
-  as_user "$BIN" mount "$WORK/src" "$mnt" --cache "$cache" --cache-size $(( FILES * MB * 2 ))M "$@"
+  as_user "$BIN" mount "$WORK/src" "$mnt" --cache "$cache" --cache-size $(( data_mb * 2 ))M "$@"
   PID[$mnt]=$(as_user cat "$mnt/.stagefs/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
   as_user python3 "$WORK/bin/large_reader.py" "$mnt" seq >/dev/null
+  local want=$FILES
+  if [[ -d "$WORK/src/small" ]]; then
+    as_user python3 "$WORK/bin/large_reader.py" "$mnt" small >/dev/null
+    want=$(( FILES + $(find "$WORK/src/small" -type f -name '*.jpg' | wc -l) ))
+  fi
   for _ in $(seq 1 120); do
-    as_user cat "$mnt/.stagefs/stats" | grep -q "\"files_staged\":$FILES" && break; sleep 1
+    as_user cat "$mnt/.stagefs/stats" | python3 -c "import json,sys; sys.exit(json.load(sys.stdin)['files_staged'] < $want)" && break
+    sleep 1
   done
 }
 SIDES=("$U/local" "$WORK/mnt")
@@ -75,7 +101,9 @@ epoch() {  # DIR MODE -> "seconds cpu" (the reader's CPU, plus the daemon's for 
   python3 -c "w,c='$out'.split(); print(w, round(float(c) + $d1 - $d0, 2))"
 }
 row() {  # MODE CACHES "s c" per side -> a table row: seconds, local÷side, CPU-s/GB
-  python3 - "$@" "$gb" "$(load)" <<'PY'
+  local g=$gb
+  [[ $1 == small ]] && g=$small_gb
+  python3 - "$@" "$g" "$(load)" <<'PY'
 import sys
 mode, caches, *sides, gb, load = sys.argv[1:]
 w = [float(x.split()[0]) for x in sides]

@@ -3,7 +3,10 @@
 Modes: `seq` reads each file in order in 1 MiB chunks; `shuf` reads each file in random
 1-4 MiB pieces (a permutation that covers it once, seeded per file); `mmap` maps each file and
 touches one byte per 64 KiB row in random order (np.load(mmap_mode="r") with shuffled rows).
-One thread per file (8 files: 8 readers). Prints: wall seconds, this process's CPU seconds.
+One thread per file (8 files: 8 readers). `small` is the small-file counterpart of the CPU
+figure: every file under DIRECTORY/small, shuffled, read whole by 8 threads with a 1 MiB buffer
+(a DataLoader's 8 workers, as bench/mount/reader.py's shuf8). Prints: wall seconds, this
+process's CPU seconds.
 """
 
 import mmap
@@ -15,6 +18,7 @@ import time
 
 CHUNK = 1 << 20
 ROW = 64 << 10
+SMALL_THREADS = 8
 
 
 def seq(path):
@@ -58,12 +62,33 @@ def mm(path):
         os.close(fd)
 
 
+def small(files):
+    """Reads whole files, each thread taking the next one from the shared list."""
+    buf = bytearray(CHUNK)
+    while files:
+        try:
+            path = files.pop()  # atomic under the GIL: the list is the work queue
+        except IndexError:
+            return
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
 def main():
     directory, mode = sys.argv[1], sys.argv[2]
-    fn = {"seq": seq, "shuf": shuf, "mmap": mm}[mode]
-    files = sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".bin"))
+    if mode == "small":
+        root = os.path.join(directory, "small")
+        files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+        random.Random(0).shuffle(files)
+        jobs = [(small, (files,))] * SMALL_THREADS
+    else:
+        fn = {"seq": seq, "shuf": shuf, "mmap": mm}[mode]
+        files = sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                       if f.endswith(".bin"))
+        jobs = [(fn, (p,)) for p in files]
     t0, c0 = time.perf_counter(), os.times()
-    threads = [threading.Thread(target=fn, args=(p,)) for p in files]
+    threads = [threading.Thread(target=fn, args=args) for fn, args in jobs]
     for t in threads:
         t.start()
     for t in threads:

@@ -2,7 +2,7 @@
 """The benchmark's readers, run as the unprivileged user (no root needed); each prints one JSON
 line on stdout.
 
-  reader.py epoch ROOT --reader shuf8|seq [--seed N] [--threads 8]
+  reader.py epoch ROOT --reader shuf8|seq [--seed N] [--threads 8] [--compute-s-per-mb X]
       Lists ROOT as torchvision's ImageFolder does (os.walk, sorted; dot folders at the top, such
       as a mount's .stagefs, skipped), then reads every file whole with a 1 MiB buffer:
       - shuf8: the list shuffled (seed N: a DataLoader reshuffles per epoch) and read by
@@ -10,6 +10,10 @@ line on stdout.
         reading whole samples);
       - seq: one thread, ImageFolder order.
       Prints files, bytes, list_s, read_s, epoch_s (= list_s + read_s).
+      --compute-s-per-mb X: a training step consumes what is read, X seconds per MB (a GPU
+      busy for that long: the consumer sleeps, the CPU stays free for the reads), through a
+      queue of PREFETCH chunks (a DataLoader's prefetched batches): reads run ahead of the
+      step by at most that much, and the epoch ends when the step has consumed the last chunk.
 
   reader.py usable --stagefs BIN --src S --mnt M --cache C --deep REL [--read] [-- FLAGS...]
       Runs `stagefs mount S M --cache C FLAGS`, then stats M/REL (a file deep in the tree: the
@@ -22,6 +26,7 @@ import argparse
 import itertools
 import json
 import os
+import queue
 import random
 import subprocess
 import sys
@@ -29,6 +34,43 @@ import threading
 import time
 
 BUF = 1 << 20  # reader buffer: 1 MiB, like a DataLoader reading a whole sample, or cat
+PREFETCH = 16  # chunks read ahead of the training step: 8 workers x prefetch_factor 2
+NAP = 0.002  # the step sleeps once it is this far behind its clock (fewer, longer sleeps)
+
+
+class Step:
+    """A training step that takes `per_mb` seconds per MB read, fed through a bounded queue.
+
+    It keeps a clock of when it will be free (its compute is a sleep, like a GPU's: the CPU
+    stays with the readers) and sleeps once it is NAP behind it, so millions of 1 MiB chunks
+    cost few system calls."""
+
+    def __init__(self, per_mb: float) -> None:
+        self.per_mb = per_mb
+        self.q = queue.Queue(maxsize=PREFETCH)
+        self.t = threading.Thread(target=self.run)
+        self.t.start()
+
+    def feed(self, n: int) -> None:
+        self.q.put(n)
+
+    def run(self) -> None:
+        free = time.monotonic()
+        while True:
+            n = self.q.get()
+            if n is None:
+                break
+            free = max(free, time.monotonic()) + self.per_mb * n / 1e6
+            ahead = free - time.monotonic()
+            if ahead > NAP:
+                time.sleep(ahead)
+        ahead = free - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+
+    def finish(self) -> None:
+        self.q.put(None)
+        self.t.join()
 
 
 def list_files(root: str) -> list:
@@ -41,7 +83,7 @@ def list_files(root: str) -> list:
     return out
 
 
-def read_file(path: str, buf: bytearray) -> int:
+def read_file(path: str, buf: bytearray, step=None) -> int:
     n = 0
     with open(path, "rb", buffering=0) as f:
         while True:
@@ -49,14 +91,16 @@ def read_file(path: str, buf: bytearray) -> int:
             if not k:
                 return n
             n += k
+            if step is not None:
+                step.feed(k)
 
 
-def read_seq(files: list) -> int:
+def read_seq(files: list, step=None) -> int:
     buf = bytearray(BUF)
-    return sum(read_file(p, buf) for p in files)
+    return sum(read_file(p, buf, step) for p in files)
 
 
-def read_threads(files: list, threads: int) -> int:
+def read_threads(files: list, threads: int, step=None) -> int:
     nxt = itertools.count()  # next() on a count is atomic under the GIL: a shared work queue
     totals = [0] * threads
     failures = []
@@ -68,7 +112,7 @@ def read_threads(files: list, threads: int) -> int:
                 k = next(nxt)
                 if k >= len(files):
                     return
-                totals[i] += read_file(files[k], buf)
+                totals[i] += read_file(files[k], buf, step)
         except OSError as e:  # reported, not swallowed: a failed read fails the epoch
             failures.append(f"{e}")
 
@@ -86,14 +130,19 @@ def epoch(a: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     files = list_files(a.root)
     t1 = time.monotonic()
-    if a.reader == "seq":
-        n = read_seq(files)
-    else:
-        random.Random(a.seed).shuffle(files)
-        n = read_threads(files, a.threads)
+    step = Step(a.compute_s_per_mb) if a.compute_s_per_mb > 0 else None
+    try:
+        if a.reader == "seq":
+            n = read_seq(files, step)
+        else:
+            random.Random(a.seed).shuffle(files)
+            n = read_threads(files, a.threads, step)
+    finally:
+        if step is not None:
+            step.finish()
     t2 = time.monotonic()
     return {"files": len(files), "bytes": n, "list_s": t1 - t0, "read_s": t2 - t1,
-            "epoch_s": t2 - t0}
+            "epoch_s": t2 - t0, "compute_s_per_mb": a.compute_s_per_mb}
 
 
 def usable(a: argparse.Namespace) -> dict:
@@ -121,6 +170,7 @@ def main() -> None:
     e.add_argument("--reader", choices=("shuf8", "seq"), required=True)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=8)
+    e.add_argument("--compute-s-per-mb", type=float, default=0.0)
     u = sub.add_parser("usable")
     for opt in ("--stagefs", "--src", "--mnt", "--cache", "--deep"):
         u.add_argument(opt, required=True)

@@ -34,7 +34,8 @@
 # Knobs (environment): WORK=/var/tmp/stagefs-bench, STAGEFS (binary; default
 # target/release/stagefs, built if missing), BENCH_USER=stagefs-test, RAM_SIZE=16g, ROUNDS=2,
 # RATE_MBS=200, DELAY_MS=2, LARGE_FILES=8, LARGE_MB=256, SMALL_FILES=20000, SMALL_CLASSES=100,
-# SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq,
+# SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq, COMPUTE=1 (every
+# epoch feeds a training step as slow per MB as a local read: how much of the I/O it hides),
 # DATASETS=small,large, SIDES=seed,user,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
 # SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
 # run), HINT_IMAGES=4000, HINT_RAW_MB=1024, CACHE_SIZE=8G (the mounts' --cache-size), SCRATCH_FS=ext4|tmpfs, SCRATCH_SIZE=9g.
@@ -208,7 +209,8 @@ part_backend() {
   "$PY" "$BIN/bench.py" backend "${common[@]}" --bigdata "$BIGDATA" --device "$NBD/disk" \
     --rounds "$ROUNDS" --later "${LATER:-3}" --readers "${READERS:-shuf8,seq}" \
     --datasets "${DATASETS:-small,large}" --sides "${SIDES:-seed,user,root}" \
-    --params "$PARAMS rate=${RATE_MBS}MB/s delay=${DELAY_MS}ms" ||
+    --params "$PARAMS rate=${RATE_MBS}MB/s delay=${DELAY_MS}ms${COMPUTE:+ compute}" \
+    ${COMPUTE:+--compute} ||
     log "part 1 ended with an error (partial results in $out)"
 }
 

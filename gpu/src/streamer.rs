@@ -70,9 +70,11 @@ impl Default for StreamConfig {
 /// enough that a ring of a dozen slots stays a few hundred MB.
 pub const AUTO_BATCH_BYTES: u64 = 32 << 20;
 
-/// Reader threads [`StreamConfig::auto`] starts at most: one `pread` stream from page cache
-/// copies about 6–10 GB/s, so eight cover a PCIe Gen5 x16 link (≈ 55 GB/s) with some to spare.
-pub const MAX_AUTO_READERS: usize = 8;
+/// Reader threads [`StreamConfig::auto`] starts at most. Each reader's `pread` out of the page
+/// cache is a CPU copy of 3–4 GB/s on the H200 machine (scripts/gpu-sweep.sh, 2026-12-04, 16
+/// cores, 55 GB/s pinned peak): 8 readers moved 30 GB/s, 16 moved 35, 24 and 32 moved 36–40,
+/// 48 fewer. Past one reader per core the copies only contend, so 16 is where it stops.
+pub const MAX_AUTO_READERS: usize = 16;
 
 impl StreamConfig {
     /// The configuration for rows of at most `max_row_bytes` on this machine (what `stagefs

@@ -53,7 +53,7 @@ pub struct Args {
     /// [default: readers + 4, at least 8].
     #[arg(long, value_name = "K")]
     ring: Option<usize>,
-    /// Reader threads [default: min(8, CPU cores)].
+    /// Reader threads [default: min(16, CPU cores)].
     #[arg(long, value_name = "R")]
     readers: Option<usize>,
     /// Copy a sample of batches back from the device and compare CRC-32s with the files.

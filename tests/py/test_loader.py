@@ -312,6 +312,25 @@ def test_gpu_batches_match_device_checksums(files):
             assert torch.equal(images, want)
 
 
+def test_default_readers_follow_the_cores_this_process_may_use(files):
+    """Two readers (the old default) moved 9.8 GB/s to an H200 whose copy peak is 55; the
+    default is now a reader per core this process may use (SLURM's binding), 2 to 8, and a
+    ring of two more slots."""
+    d, _ = files
+    cores = len(os.sched_getaffinity(0))
+    want = max(2, min(cores, 8))
+    ld = loader([d / "images.npy"], 10, "cpu", tensors="numpy")
+    for _ in ld:
+        pass
+    s = ld.stats()
+    assert (s["readers"], s["ring"]) == (want, max(4, want + 2)), s
+    # Told otherwise, it does as told.
+    ld = loader([d / "images.npy"], 10, "cpu", tensors="numpy", readers=3, ring=5)
+    for _ in ld:
+        pass
+    assert (ld.stats()["readers"], ld.stats()["ring"]) == (3, 5)
+
+
 def test_stats_report_who_waited(files):
     d, _ = files
     ld = loader([d / "images.npy", d / "labels.npy"], 10, "cpu", tensors="numpy")

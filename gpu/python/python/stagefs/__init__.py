@@ -55,6 +55,15 @@ _STATE_VERSION = 1
 #: Bytes at each end of a file that its fingerprint checksums: the header and the first and last
 #: rows, enough to tell datasets apart without reading them (a view renders only those rows).
 _FINGERPRINT_BYTES = 64 << 10
+# Reader threads by default: one per core this process may run on, at most 8. Each reader's
+# copy out of the page cache is 3-4 GB/s of CPU work; on the H200 machine (16 cores, 55 GB/s
+# pinned peak; scripts/gpu-sweep.sh, 2026-12-04) 2 readers moved 9.8 GB/s, 8 moved 26 and 16
+# moved 31: 8 feed a GPU faster than training consumes and leave the rest of the cores to the
+# training program.
+_MAX_AUTO_READERS = 8
+# Ring slots beyond the readers' by default: a batch being copied to the GPU and one held by
+# the training step, so no reader waits for a slot while the step runs.
+_RING_SPARE = 2
 
 
 class RandomResizedCrop:
@@ -114,6 +123,15 @@ class _Full(RandomResizedCrop):
         super().__init__(1)
 
 
+def _auto_readers() -> int:
+    """The default reader count: the cores this process may use (SLURM's binding included)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    return max(2, min(cores, _MAX_AUTO_READERS))
+
+
 def _dtype_name(dtype) -> str:
     # Accepts "float16", numpy.float16, numpy.dtype("float16") and torch.float16.
     name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
@@ -155,8 +173,10 @@ class Loader:
             ``DistributedSampler`` does (padded by repeating rows so every rank gets the same
             number, then every ``world_size``-th row from ``rank``); deterministic per
             (seed, epoch).
-        ring: ring slots (batches read ahead, or held by you); memory is ``ring`` batches.
-        readers: reader threads.
+        ring: ring slots (batches read ahead, or held by you); memory is ``ring`` batches
+            (default: ``readers + 2``, at least 4).
+        readers: reader threads (default: the cores this process may use, 2 to 8; each
+            copies 3-4 GB/s out of the page cache, so a GPU fed at tens of GB/s needs several).
         tensors: ``"torch"`` (default), ``"numpy"`` (CPU only) or ``"dlpack"`` (the raw
             DLPack producers, for any framework's ``from_dlpack``).
         pin_memory: on ``device="cpu"``, page-lock the ring so ``tensor.cuda(non_blocking=True)``
@@ -193,8 +213,8 @@ class Loader:
         device: str = "cpu",
         rank: int = 0,
         world_size: int = 1,
-        ring: int = 4,
-        readers: int = 2,
+        ring: int | None = None,
+        readers: int | None = None,
         tensors: str = "torch",
         pin_memory: bool | None = None,
         transform: RandomResizedCrop | None = None,
@@ -210,6 +230,10 @@ class Loader:
         device = str(device)
         if tensors == "numpy" and device != "cpu":
             raise ValueError("tensors='numpy' needs device='cpu'")
+        if readers is None:
+            readers = _auto_readers()
+        if ring is None:
+            ring = max(4, int(readers) + _RING_SPARE)
         for name, value in (("batch_size", batch_size), ("ring", ring), ("readers", readers)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
