@@ -13,7 +13,12 @@
 //! each file remembers the last block it served, so the kernel's 128 KiB pieces of a 1 MiB
 //! block cost one read and one checksum of scratch, not eight. What the remembered blocks hold
 //! is bounded for the whole daemon ([`MEMO_BUDGET`]): without the bound, 4096 active files ×
-//! 1 MiB could pin 4 GiB; past it a block is served without being remembered.
+//! 1 MiB could pin 4 GiB; past it a block is served without being remembered. So that the
+//! budget goes to files being read, a block is remembered only while a later request can want
+//! it: not when one request took all of it (a small file), and no longer once a reader reached
+//! its end. (Before, 10,000 small files read once held the whole budget, and every 128 KiB
+//! piece of a large file read afterwards re-read and re-checksummed its 1 MiB block: epochs
+//! of large files 2.4× slower after a pass over small ones.)
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
@@ -304,10 +309,21 @@ impl Files {
     /// Block `idx` of `s` for a reader, counting bytes `lo..hi` of it as served.
     fn block(&self, s: &FileState, idx: u64, served: Range<usize>) -> Result<Bytes, FsError> {
         let stats = self.stats();
-        let remembered = lock(&s.memo)
-            .as_ref()
-            .filter(|m| u64::from(m.idx) == idx)
-            .map(|m| m.data.clone());
+        let remembered = {
+            let mut memo = lock(&s.memo);
+            match memo.as_ref() {
+                Some(m) if u64::from(m.idx) == idx => {
+                    let data = m.data.clone();
+                    // A reader that has reached the block's end is done with it: its bytes go
+                    // back to the budget now, not when the next block or another file comes.
+                    if served.end >= data.len() {
+                        *memo = None;
+                    }
+                    Some(data)
+                }
+                _ => None,
+            }
+        };
         let (data, hit) = match remembered {
             Some(b) => (b, true),
             None => {
@@ -324,7 +340,12 @@ impl Files {
                     let mut memo = lock(&s.memo);
                     // The old block's bytes go back to the budget before the new one asks.
                     *memo = None;
-                    *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
+                    // Only a block with bytes left for a later request is worth holding: a
+                    // request for the whole block (a small file read at once, a direct-I/O
+                    // read) leaves nothing to remember.
+                    if served.start > 0 || served.end < f.data.len() {
+                        *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
+                    }
                 }
                 if s.version.size > SMALL_FILE {
                     self.push_rest(s, idx, &f.data, served.clone());
