@@ -1,6 +1,7 @@
 """One epoch over the large files of a directory (issue 20), as bench/mount/large.sh runs it.
 
-Modes: `seq` reads each file in order in 1 MiB chunks; `shuf` reads each file in random
+Modes: `seq` reads each file in order in 1 MiB chunks (a thread per file; `seq1`: one thread,
+the files one after the other); `shuf` reads each file in random
 1-4 MiB pieces (a permutation that covers it once, seeded per file); `mmap` maps each file and
 touches one byte per 64 KiB row in random order (np.load(mmap_mode="r") with shuffled rows).
 One thread per file (8 files: 8 readers). `small` is the small-file counterpart of the CPU
@@ -82,6 +83,10 @@ def main():
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
         random.Random(0).shuffle(files)
         jobs = [(small, (files,))] * SMALL_THREADS
+    elif mode == "seq1":  # one reader, the files one after the other (ImageFolder order)
+        files = sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                       if f.endswith(".bin"))
+        jobs = [(lambda fs: [seq(p) for p in fs], (files,))]
     else:
         fn = {"seq": seq, "shuf": shuf, "mmap": mm}[mode]
         files = sorted(os.path.join(directory, f) for f in os.listdir(directory)

@@ -5,8 +5,9 @@
 #   bench/mount/run.sh backend    part 1 only        bench/mount/run.sh scale    part 2 only
 #   bench/mount/run.sh levers     the FUSE-lever experiment (slow backend, small files)
 #   bench/mount/run.sh all        parts 1 and 2 and the levers
-#   bench/mount/run.sh large [ARGS]  large files: in order, shuffled, mmap random rows, caches
-#                                 dropped and kept, CPU-s per GB (bench/mount/large.sh)
+#   bench/mount/run.sh large [ARGS]  large files: in order, shuffled, mmap random rows, one
+#                                 reader in order, and small files; caches dropped and kept,
+#                                 CPU-s per GB (bench/mount/large.sh)
 #   bench/mount/run.sh hints      stagefs.Loader with and without read-order hints, cold, over
 #                                 the slow backend (bench/loader_hints_bench.py; needs .venv)
 #   bench/mount/run.sh report RESULTS.jsonl...   the report again, from saved results
