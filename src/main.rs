@@ -37,8 +37,22 @@ enum Command {
     Stream(cli::stream::Args),
 }
 
+/// Commands that print a report die quietly when their reader goes away (`stagefs stream --json
+/// | head`), as coreutils do, instead of panicking in `println!` on EPIPE. Only these: the
+/// daemon keeps SIGPIPE ignored (Rust's default), so a hint-socket peer that closes cannot
+/// kill the mount.
+fn default_sigpipe() {
+    // SAFETY: sets the disposition of one signal to its default, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Stat(_) | Command::Stream(_)) {
+        default_sigpipe();
+    }
     let result = match cli.command {
         Command::Mount(args) => cli::mount::run(args),
         Command::Index(args) => cli::index::run(args),

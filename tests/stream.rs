@@ -146,3 +146,39 @@ fn bad_device_choices_are_clear_errors_never_crashes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `stagefs stream --json | head -c 1`: the reader goes away before the report is written; the
+/// command ended with a panic ("failed printing to stdout: Broken pipe", exit 101). It now ends
+/// as coreutils do, by SIGPIPE, without a word on stderr.
+#[test]
+fn regression_a_closed_pipe_ends_the_report_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.npy");
+    write_npy(&path, DType::U8, &[1000, 64]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stagefs"))
+        .args([
+            "stream",
+            path.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before anything is written
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {err}");
+}
