@@ -28,8 +28,8 @@ except ImportError:
 
 def run(path, device, batch, epochs, consume_gbps, verify, readers, ring):
     tensors = "torch" if torch is not None else "dlpack"
-    loader = stagefs.Loader([path], batch, shuffle=True, seed=0, device=device, ring=ring or None,
-                            readers=readers or None, tensors=tensors)
+    loader = stagefs.Loader([path], batch, shuffle=True, seed=0, device=device, ring=ring,
+                            readers=readers, tensors=tensors)
     mismatches = checked = 0
     want = None
     if verify and torch is not None:
@@ -73,18 +73,17 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="rows per batch (1 MiB rows: 64 MiB)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--peak-gbps", type=float, default=0.0)
-    p.add_argument("--readers", type=int, default=0, help="[default: the Loader's]")
-    p.add_argument("--ring", type=int, default=0, help="batches in flight [default: the Loader's]")
+    p.add_argument("--readers", type=int, help="[default: the Loader's]")
+    p.add_argument("--ring", type=int, help="batches in flight [default: the Loader's]")
     p.add_argument("--no-verify", action="store_true", help="time the loader alone")
     args = p.parse_args()
-    ring = args.ring
     fast = run(args.file, args.device, args.batch, args.epochs, None, not args.no_verify, args.readers,
-               ring)
+               args.ring)
     fast["name"] = "loader_page_cache"
     print(json.dumps(fast, separators=(",", ":")), flush=True)
     if args.peak_gbps > 0:
         paced = run(args.file, args.device, args.batch, args.epochs, 0.9 * args.peak_gbps, False,
-                    args.readers, ring)
+                    args.readers, args.ring)
         paced["name"] = f"loader_consumer_at_{0.9 * args.peak_gbps:.2f}GBps"
         print(json.dumps(paced, separators=(",", ":")), flush=True)
 

@@ -70,10 +70,8 @@ say "CUDA tests (gpu/tests/cuda.rs; tests/py/test_loader*.py on cuda:0 with torc
 TESTS_OK=1
 if [[ -x target/gpu-bin/test-cuda ]]; then
   target/gpu-bin/test-cuda || TESTS_OK=0
-elif CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --features cuda -p stagefs-gpu --test cuda 2>&1; then
-  :
 else
-  TESTS_OK=0
+  CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --features cuda -p stagefs-gpu --test cuda || TESTS_OK=0
 fi
 if [[ "$GPU" != cpu && -f "$PYPKG/stagefs/_native.abi3.so" ]] && python3 -c 'import pytest, numpy' 2>/dev/null; then
   PYTHONPATH=$PYPKG python3 -m pytest -q -p no:cacheprovider tests/py/test_loader.py \

@@ -5,7 +5,8 @@
 # each on the H200 machine (scripts/gpu-check.sh, 2026-12-04), so the peak (55 GB/s there)
 # needs a reader per core; this measures where more stop helping. Uses the binaries that
 # scripts/gpu-check.sh uses (target/gpu-bin, or STAGEFS_BIN). Output also in $OUT/gpu-sweep.log.
-# Knobs: SIZE_GB=4, GPU=0, STREAM_READERS="8 16 24 32", LOADER_READERS="2 4 8 16".
+# Knobs: SIZE_GB=4, GPU=0, STREAM_READERS="8 16 24 32", LOADER_READERS="2 4 8 16" (a count
+# given twice, "8 16 8 16", alternates two settings in one run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE_GB=${SIZE_GB:-4} GPU=${GPU:-0}
@@ -26,7 +27,7 @@ FILE=$(mktemp -d)/sweep.npy
 # A uint8 [rows, 1 MiB] .npy; the bytes do not matter for a copy's speed.
 python3 -c "import numpy as np, sys; a = np.lib.format.open_memmap(sys.argv[1], mode='w+', dtype=np.uint8, shape=(int(sys.argv[2]) * 1000 * 1000 * 1000 >> 20, 1 << 20)); a[:] = 7; a.flush()" "$FILE" "$SIZE_GB"
 cat "$FILE" > /dev/null
-echo "cores $(nproc)"
+echo "cores $(nproc); $(uptime)"
 [[ "$GPU" == cpu ]] || "$BIN" stream --bench-peak --device "$GPU" --json
 for r in $STREAM_READERS; do
   printf 'stream readers %2d: ' "$r"
@@ -40,3 +41,4 @@ for r in $LOADER_READERS; do
     | brief
 done
 rm -f "$FILE"
+echo "done; $(uptime)"

@@ -78,20 +78,17 @@ def small(files):
 
 def main():
     directory, mode = sys.argv[1], sys.argv[2]
+    large = sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".bin"))
     if mode == "small":
         root = os.path.join(directory, "small")
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
         random.Random(0).shuffle(files)
         jobs = [(small, (files,))] * SMALL_THREADS
     elif mode == "seq1":  # one reader, the files one after the other (ImageFolder order)
-        files = sorted(os.path.join(directory, f) for f in os.listdir(directory)
-                       if f.endswith(".bin"))
-        jobs = [(lambda fs: [seq(p) for p in fs], (files,))]
+        jobs = [(lambda fs: [seq(p) for p in fs], (large,))]
     else:
         fn = {"seq": seq, "shuf": shuf, "mmap": mm}[mode]
-        files = sorted(os.path.join(directory, f) for f in os.listdir(directory)
-                       if f.endswith(".bin"))
-        jobs = [(fn, (p,)) for p in files]
+        jobs = [(fn, (p,)) for p in large]
     t0, c0 = time.perf_counter(), os.times()
     threads = [threading.Thread(target=fn, args=args) for fn, args in jobs]
     for t in threads:

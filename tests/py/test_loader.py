@@ -331,6 +331,18 @@ def test_default_readers_follow_the_cores_this_process_may_use(files):
     assert (ld.stats()["readers"], ld.stats()["ring"]) == (3, 5)
 
 
+@pytest.mark.parametrize("cores, readers, ring", [(1, 2, 4), (4, 4, 6), (16, 8, 10)])
+def test_default_readers_on_machines_of_other_sizes(files, monkeypatch, cores, readers, ring):
+    """The test above sees only this machine (2 cores in CI, where the old defaults, 2 readers
+    and a ring of 4, were the same): the rule at 1, 4 and 16 cores."""
+    d, _ = files
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    ld = loader([d / "images.npy"], 10, "cpu", tensors="numpy")
+    for _ in ld:
+        pass
+    assert (ld.stats()["readers"], ld.stats()["ring"]) == (readers, ring)
+
+
 def test_stats_report_who_waited(files):
     d, _ = files
     ld = loader([d / "images.npy", d / "labels.npy"], 10, "cpu", tensors="numpy")
