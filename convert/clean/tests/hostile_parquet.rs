@@ -123,3 +123,32 @@ fn parquet_footer_claiming_1e12_rows_is_refused_before_any_allocation() {
         .unwrap_or_default();
     assert!(left.is_empty(), "nothing written: {left:?}");
 }
+
+#[test]
+fn regression_the_cleaning_job_decoded_a_parquet_dictionary_bomb() {
+    // The views' bomb: a sub-kilobyte file whose dictionary pages each claim 2 GiB. The job
+    // must refuse it by name, from its page headers, before allocating from them.
+    let dir = tempfile::tempdir().expect("tmp");
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("mkdir");
+    std::fs::write(
+        src.join("bomb.parquet"),
+        stagefs_parquet_bounds::testing::dictionary_bomb(
+            2,
+            stagefs_parquet_bounds::testing::Values::Int64,
+            (2 << 30) - 1,
+            None,
+        ),
+    )
+    .expect("write");
+    let out = dir.path().join("out");
+    let t = std::time::Instant::now();
+    let err = stagefs_clean::run(&options(&src, &out), &Progress::default())
+        .expect_err("a bomb must be refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("bomb.parquet") && msg.contains("claims"),
+        "{msg}"
+    );
+    assert!(t.elapsed().as_secs() < 10, "{:?}", t.elapsed());
+}

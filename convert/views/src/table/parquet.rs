@@ -7,6 +7,11 @@
 //! reads each page header a few bytes at a time, and each of those was a source read (21 490
 //! reads for one 80 MB float64 column; the view ran at 0.3× pyarrow).
 //!
+//! Pages are untrusted too: before a block is decoded, every page header of its column chunks
+//! is checked and the buffers they declare are reserved from the process's one decode budget
+//! (`stagefs_parquet_bounds`), so a page claiming gigabytes fails its view with EIO instead of
+//! being allocated.
+//!
 //! The footer is untrusted input: before any size taken from it is used, [`check_footer`]
 //! holds every row count against the file's length ([`MAX_ROWS_PER_FILE_BYTE`]) and every
 //! column chunk's byte range against the file, with checked arithmetic. Decoding asks for at
@@ -298,19 +303,26 @@ impl ParquetBlocks {
         }
         let per_batch = (MAX_BATCH_VALUES / cols.len().max(1)).clamp(1, BATCH_ROWS);
         let rows = rows.clamp(1, per_batch);
-        let chunks = self.prefetch(first..end, cols).map_err(|e| e.to_string())?;
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            RowGroupChunks {
-                file: self.file.clone(),
-                chunks,
-            },
-            self.meta.clone(),
-        )
-        .with_projection(mask)
-        .with_row_groups((first..end).collect())
-        .with_batch_size(rows)
-        .build()
-        .map_err(|e| e.to_string())?;
+        let chunks = RowGroupChunks {
+            file: self.file.clone(),
+            chunks: self.prefetch(first..end, cols).map_err(|e| e.to_string())?,
+        };
+        // Every page header of the decode is checked, and the buffers they declare reserved,
+        // before the parquet crate allocates anything from them (a 1 KB file claimed 2 GiB
+        // per column). Held until the decode's buffers are gone.
+        let _buffers = stagefs_parquet_bounds::reserve_decode(
+            self.meta.metadata(),
+            first..end,
+            cols,
+            &self.file.rel.display().to_string(),
+            &mut |at, len| chunks.get_bytes(at, len).map_err(|e| e.to_string()),
+        )?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(chunks, self.meta.clone())
+            .with_projection(mask)
+            .with_row_groups((first..end).collect())
+            .with_batch_size(rows)
+            .build()
+            .map_err(|e| e.to_string())?;
         let mut parts: Vec<Vec<ArrayRef>> = vec![Vec::new(); cols.len()];
         for batch in reader {
             let batch = batch.map_err(|e| e.to_string())?;
