@@ -183,3 +183,11 @@ def test_pages_carry_no_commit_hashes_or_process_words(page):
         if m
     ]
     assert hits == []
+
+
+def test_every_docs_page_is_in_the_index():
+    """docs/README.md lists every page, so none is only reachable by guessing its name."""
+    index = ROOT / "docs" / "README.md"
+    listed = {(index.parent / t.partition("#")[0]).resolve() for _, t in links(index)}
+    missing = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p != index and p not in listed]
+    assert missing == []
