@@ -95,7 +95,7 @@ env_test_accounts() {
 }
 
 # One line when the JPEG decoder is built without SIMD (no nasm): decodes are slower, nothing
-# else changes. README "Install" gives both builds' speeds.
+# else changes. docs/install.md#without-nasm gives both builds' speeds.
 env_notice_nasm() {
   nasm -v >/dev/null 2>&1 && return 0
   echo "notice: nasm not found: libjpeg-turbo is built without SIMD (JPEG views decode slower; install nasm for the fast build)"

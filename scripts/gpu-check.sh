@@ -38,7 +38,7 @@ df -hT "$CHECK_DIR" | tail -1
 
 say "build (--features cuda, release)"
 # A GPU machine may have no crate registry: a binary built elsewhere with --features cuda
-# (target/gpu-bin/stagefs, see the README) is used when present.
+# (target/gpu-bin/stagefs, see docs/loader.md#device-check) is used when present.
 if [[ -z "${STAGEFS_BIN:-}" && -x target/gpu-bin/stagefs ]]; then STAGEFS_BIN=$PWD/target/gpu-bin/stagefs; fi
 if [[ -n "${STAGEFS_BIN:-}" ]]; then
   BIN=$STAGEFS_BIN

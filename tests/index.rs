@@ -1,6 +1,6 @@
 //! `stagefs index`: the file it writes is one `Snapshot::load` accepts and that matches the
 //! tree; the default name; `--check`; skipped entries named with exit status 1.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use stagefs_test_support::{test, Need};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -1,6 +1,6 @@
 //! `stagefs run`: the command's exit status is returned; SIGTERM and SIGUSR1 are forwarded and
 //! cause syncs (a final one before exit); mounts are gone afterwards.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

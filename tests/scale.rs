@@ -93,7 +93,7 @@ fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
     m.umount();
 }
 
-/// The daemon's documented memory bound (README "Memory is bounded"): the remembered blocks'
+/// The daemon's documented memory bound (docs/architecture.md#memory-is-bounded): the remembered blocks'
 /// budget (`fs::files::MEMO_BUDGET`, 64 MiB), the push queue (64 blocks of 1 MiB: the rest of
 /// each block a random reader touched), blocks in flight (32 fetch threads and 2 pushers,
 /// 1 MiB each, counted twice: a block and the reply being written), and a fixed base (the

@@ -1,6 +1,6 @@
 //! `stagefs sync` behaviour over real files: what is copied, what is kept, torn-write detection,
 //! failures named in the output with a non-zero exit, and the `--every` loop's last pass.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use stagefs_test_support::{test, Need};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

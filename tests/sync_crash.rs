@@ -1,7 +1,7 @@
 //! Crash safety of `stagefs sync`: SIGKILL at ≥ 50 random moments during passes over files of
 //! mixed sizes; after every kill each destination file must be its complete old or complete new
 //! version, and a final re-run must complete and leave no temporaries.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;

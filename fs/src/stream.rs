@@ -20,7 +20,7 @@
 //! Pushing ahead is a lever, off unless the mount asks for it (`--push-ahead`): on the 2-core
 //! VM it lost to plain requests with caches dropped (0.24–0.28× a local copy against 0.28–0.34×
 //! for 1 MiB reads in order, 0.27–0.32× against 0.39–0.44× for shuffled 1–4 MiB pieces;
-//! README "Large files"): a reader of 1 MiB chunks has all eight requests of a block queued
+//! docs/mount.md#large-files): a reader of 1 MiB chunks has all eight requests of a block queued
 //! before a push lands, every core is busy copying, and each block raced for is copied twice.
 //! It halves the requests of a reader of 128 KiB chunks, at the same speed there.
 //!

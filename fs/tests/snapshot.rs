@@ -1,7 +1,7 @@
 //! The metadata snapshot over real trees and injected sources: listing equals a `std::fs` walk,
 //! lookups stream, requests run in parallel, failures are skipped and reported, files round-trip
 //! and hostile ones are rejected, revalidation follows changes.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};

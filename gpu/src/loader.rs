@@ -26,7 +26,7 @@
 //! an error that names the file. For rows of images (150 KB) a `pread` per row costs the same CPU
 //! as a copy out of a map; for rows of a few bytes it costs a system call each, so small-row
 //! sources read in a scattered order are held in memory ([`SMALL_ROW`], [`RESIDENT_BYTES`]).
-//! The measurements are in the README (`gpu/examples/read_methods.rs`).
+//! The measurements are in docs/loader.md#reference (`gpu/examples/read_methods.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -93,7 +93,7 @@ pub struct Args {
     pub daemon_opens: bool,
     /// Answer reads of large files (over 4 MiB) with direct I/O: one request per read of up to
     /// 1 MiB, copied straight into the reader's buffer, no page cache on the mount. Needs the
-    /// daemon's opens, so it implies --daemon-opens. A lever to measure (README "Large files").
+    /// daemon's opens, so it implies --daemon-opens. A lever to measure (docs/mount.md#large-files).
     #[arg(long)]
     pub direct_io: bool,
     /// Kept for scripts written for the previous default; opens are skipped by default now.
@@ -102,13 +102,13 @@ pub struct Args {
     /// Read the cache on scratch through the page cache instead of with O_DIRECT. By default
     /// cached blocks are read straight from the device: through the page cache every byte
     /// costs one more copy and the dataset is held in memory twice (scratch's pages and the
-    /// mount's). A lever to measure (README "Large files").
+    /// mount's). A lever to measure (docs/mount.md#large-files).
     #[arg(long)]
     pub buffered_scratch: bool,
     /// Also push the next 16 MiB of a large file into the kernel's page cache ahead of a reader
     /// streaming it. Off by default: on a 2-core VM it lost to plain requests (a reader of
     /// 1 MiB chunks has its pages requested before the push lands, and both copy them;
-    /// README "Large files"). Halves the requests of a reader of small chunks.
+    /// docs/mount.md#large-files). Halves the requests of a reader of small chunks.
     #[arg(long, conflicts_with = "no_push")]
     pub push_ahead: bool,
     /// Do not push cached data into the kernel's page cache: neither the files ahead of a reader

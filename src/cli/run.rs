@@ -374,7 +374,7 @@ fn unmount_all(exe: &Path, mounted: &[PathBuf]) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     use super::*;
 

@@ -124,7 +124,7 @@ pub fn is_not_followed(e: &io::Error) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     use super::*;
     use std::io::Read;

@@ -316,7 +316,7 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     use super::*;
     use std::io::Write;

@@ -371,7 +371,7 @@ fn make_dir(path: &Path, replace: bool, mode: u32) -> Result<(), FileError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     //! The source changing between planning and copying: plan, change the tree, execute.
     use super::*;

@@ -333,7 +333,7 @@ fn process_alive(pid: u32, start: u64) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     use super::*;
 

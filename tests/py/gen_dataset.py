@@ -187,7 +187,7 @@ def _png_chunk_offset(data, kind):
     return i - 4, int.from_bytes(data[i - 4:i], "big")
 
 
-# Damage that Pillow accepts but stagefs flags on purpose (README, "Tensor views"): corrupt JPEG
+# Damage that Pillow accepts but stagefs flags on purpose (docs/views.md#damaged-inputs): corrupt JPEG
 # entropy data (Pillow returns grey or garbled blocks without an error) and a bad IDAT CRC
 # (Pillow does not check it).
 STRICTER_THAN_PILLOW = {"jpeg-entropy-flip", "jpeg-eoi-mid", "png-idat-crc"}

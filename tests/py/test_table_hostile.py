@@ -53,5 +53,5 @@ def test_views_equal_pyarrow_for_float_int_bool_with_nulls(tmp_path):
     np.testing.assert_array_equal(np.load(d / "k.npy"), k)
     np.testing.assert_array_equal(np.load(d / "b.npy"), b)
     np.testing.assert_array_equal(np.load(d / "xn.npy"), np.where(mask, np.nan, x))
-    # A boolean column with nulls widens to float64 (NaN for null), as DESIGN.md says.
+    # A boolean column with nulls widens to float64 (NaN for null), as docs/views.md says.
     np.testing.assert_array_equal(np.load(d / "bn.npy"), np.where(mask, np.nan, b))

@@ -1,7 +1,7 @@
 """Tensor views (`stagefs convert --to npy`): every file opens with numpy's mmap, tables equal
 what pyarrow reads, image folders follow torchvision's ImageFolder and match Pillow's
 resize + center crop (exact mode: Pillow's pixels; fast mode: within stated bounds), damaged
-images are flagged where Pillow refuses them (and where the README says stagefs is stricter),
+images are flagged where Pillow refuses them (and where docs/views.md says stagefs is stricter),
 bad inputs behave as the contract says, and the CLI checks its arguments.
 
 The dataset comes from gen_dataset.py (deterministic). The mount serves the same bytes
@@ -36,7 +36,7 @@ EXACT_MAX_DIFF_JPEG = 1
 EXACT_MEAN_DIFF = 0.01
 # Fast mode (JPEG decoded at M/8 scale in the DCT domain, then the same filter with the
 # full-resolution geometry), measured on these images and on bench/bench_images.py's photos:
-# see README "Tensor views" for the figures; the bounds leave a margin.
+# see docs/views.md and docs/benchmarks.md#views for the figures; the bounds leave a margin.
 FAST_MAX_DIFF = 30
 FAST_MEAN_DIFF = 2.5
 

@@ -1,7 +1,7 @@
 //! Inputs found by fuzzing (`fuzz/`, target `table_parquet`) that crashed the cleaning job,
 //! stored as bytes (`tests/fuzz-corpus/`: a mutated footer cannot be rebuilt through the
 //! writer's API). Each must fail the run with a named error, never panic.
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! footer cannot be rebuilt through the writer's API). The views run the Parquet reader under
 //! `catch_unwind`, so each must fail its own view with a corrupt-input error — never panic out
 //! of `Table` (a panic in a FUSE handler thread or in `convert` would take the process down).
-#![allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
+#![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 
 use std::io;
 use std::path::Path;

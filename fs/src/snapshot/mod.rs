@@ -1,5 +1,5 @@
 //! The metadata snapshot: the source tree's names and attributes, listed once and served from
-//! memory (DESIGN.md, "Snapshot semantics").
+//! memory (docs/mount.md#snapshot-semantics).
 //!
 //! The mount presents the dataset as it was when its snapshot was taken. Attributes come from
 //! here, never from a per-request `stat` of the source; data reads name the [`NodeAttr::version`]
