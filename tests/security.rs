@@ -194,8 +194,92 @@ fn run_default_cache_ignores_a_planted_predictable_dir() {
     );
 }
 
+/// A 4×4 grey PNG.
+fn png4() -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut e = png::Encoder::new(&mut out, 4, 4);
+    e.set_color(png::ColorType::Grayscale);
+    e.write_header()
+        .unwrap()
+        .write_image_data(&[9u8; 16])
+        .unwrap();
+    out
+}
+
+/// Hardening round three: on a mount with `--allow-other`, a second user who could read
+/// neither `imgs/pub/private.png` (0600) nor list `imgs/secret/` (0700) got their pixels
+/// through `.npy/imgs/images.npy`, and `files.txt` named `secret/topsecret-name.png`. Now an
+/// image folder's view files are readable by a class only if every image and directory under
+/// the folder is; tables are re-checked here as the other user too.
+fn regression_image_views_leaked_under_allow_other_to_another_user() {
+    let (victim, other) = users();
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let src = tmp.path().join("src");
+    let entries: [(&str, u32); 12] = [
+        ("", 0o755),
+        ("imgs", 0o755),
+        ("imgs/pub", 0o755),
+        ("imgs/pub/ok.png", 0o644),
+        ("imgs/pub/private.png", 0o600),
+        ("imgs/secret", 0o700),
+        ("imgs/secret/topsecret-name.png", 0o644),
+        ("open", 0o755),
+        ("open/a", 0o755),
+        ("open/a/1.png", 0o644),
+        ("private.csv", 0o600),
+        ("public.csv", 0o644),
+    ];
+    for (p, mode) in entries {
+        let path = src.join(p);
+        if p.ends_with(".png") {
+            fs::write(&path, png4()).unwrap();
+        } else if p.ends_with(".csv") {
+            fs::write(&path, b"x,y\n1,2\n3,4\n").unwrap();
+        } else {
+            fs::create_dir_all(&path).unwrap();
+        }
+        std::os::unix::fs::chown(&path, Some(victim), Some(victim)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    // Root mounts (no user_allow_other needed); the kernel checks each reader against the
+    // modes stagefs reports (default_permissions).
+    fs::create_dir(tmp.path().join("mnt")).unwrap();
+    fs::set_permissions(tmp.path().join("mnt"), fs::Permissions::from_mode(0o755)).unwrap();
+    let mut m = common::Mount::new(tmp.path(), &src, &["--allow-other"]);
+    let read_as = |uid: u32, rel: &str| {
+        let out = as_user(uid, &[], "cat", &[m.mnt.join(rel).to_str().unwrap()]);
+        (out.status.success(), text(&out))
+    };
+    for f in ["images.npy", "labels.npy", "files.txt", "classes.txt"] {
+        let (ok, said) = read_as(other, &format!(".npy/imgs/{f}"));
+        assert!(!ok, "the other user read .npy/imgs/{f}: {said}");
+        assert!(said.contains("Permission denied"), "{said}");
+        assert!(!said.contains("topsecret"), "{said}");
+        let (ok, said) = read_as(victim, &format!(".npy/imgs/{f}"));
+        assert!(ok, "the owner may read .npy/imgs/{f}: {said}");
+        let (ok, said) = read_as(other, &format!(".npy/open/{f}"));
+        assert!(ok, "a folder everyone may read: {f}: {said}");
+    }
+    let (_, names) = read_as(victim, ".npy/imgs/files.txt");
+    assert!(names.contains("topsecret-name.png"), "{names}");
+    // Tables: a 0600 table's columns are the owner's; a 0644 table's are everyone's.
+    let (ok, said) = read_as(other, ".npy/private.csv/x.npy");
+    assert!(!ok && said.contains("Permission denied"), "{said}");
+    assert!(read_as(victim, ".npy/private.csv/x.npy").0);
+    let (ok, said) = read_as(other, ".npy/public.csv/x.npy");
+    assert!(ok, "{said}");
+    m.umount();
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
+        test!(
+            regression_image_views_leaked_under_allow_other_to_another_user,
+            Need::Root,
+            Need::Fuse,
+            Need::Accounts
+        ),
         test!(
             cache_dir_owned_by_other_user_is_refused,
             Need::Root,

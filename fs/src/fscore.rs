@@ -645,10 +645,19 @@ impl FsCore {
         let root = self.snapshot.attr(ROOT);
         let base = input.or(root);
         let (mtime, uid, gid, read) = base
+            .as_ref()
             .map(|a| (time(a.mtime_ns), a.uid, a.gid, a.perm & 0o444))
             .unwrap_or((UNIX_EPOCH, 0, 0, 0o444));
         let perm = if kind == FileKind::Dir {
-            read | (read >> 2)
+            // Read and search for the classes that have both on the input (one that may list
+            // but not enter a source directory may not enter its view either).
+            // (A table's view directory: the classes that may read the table.)
+            let search = match base {
+                Some(a) if a.kind == FileKind::Dir => (a.perm & 0o111) << 2,
+                _ => 0o444,
+            };
+            let both = read & search;
+            both | (both >> 2)
         } else {
             read
         };
@@ -681,7 +690,14 @@ impl FsCore {
         match kind {
             ViewKind::Dir => self.virtual_attr(ino, FileKind::Dir, 0, views.input_of(rel, true)),
             ViewKind::File(len) => {
-                self.virtual_attr(ino, FileKind::File, len, views.input_of(rel, false))
+                let mut input = views.input_of(rel, false);
+                // An image folder's view files hold every image under it: they narrow to the
+                // classes that may read all of them (a table's columns have one input).
+                if let Some(a) = input.as_mut().filter(|a| a.kind == FileKind::Dir) {
+                    let folder = rel.parent().unwrap_or(Path::new(""));
+                    a.perm &= !0o444 | views.folder_read_bits(folder, a);
+                }
+                self.virtual_attr(ino, FileKind::File, len, input)
             }
         }
     }

@@ -216,6 +216,23 @@ pub struct Views {
     /// Entries of views opened in this mount.
     opened: Mutex<HashMap<PathBuf, (EntryId, Version)>>,
     background: SyncSender<Arc<OpenView>>,
+    /// Read bits each image folder's view files may carry ([`Views::folder_read_bits`]), by
+    /// folder: one walk of the folder per mount.
+    folder_bits: Mutex<HashMap<PathBuf, u16>>,
+}
+
+/// The read bits (of `0o444`) of the classes of users — as seen from `owner`'s uid and gid —
+/// that may read `a`: a file needs read, a directory read and search (its names are listed in
+/// `files.txt`, its images read). Conservative: the owner class gets the bit from `a`'s owner
+/// bits only if it owns `a`, else from the other bits; the group class likewise from `a`'s
+/// group bits only if `a` has the folder's group.
+fn readable_bits(a: &NodeAttr, owner: &NodeAttr) -> u16 {
+    let need: u16 = if a.kind == FileKind::Dir { 0o5 } else { 0o4 };
+    let class = |shift: u16| (a.perm >> shift) & need == need;
+    let other = class(0);
+    let group = other || (a.gid == owner.gid && class(3));
+    let user = other || (a.uid == owner.uid && class(6));
+    (u16::from(user) << 8) | (u16::from(group) << 5) | (u16::from(other) << 2)
 }
 
 impl Views {
@@ -267,6 +284,7 @@ impl Views {
             ),
             opened: Mutex::new(HashMap::new()),
             background: tx,
+            folder_bits: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&views);
         std::thread::Builder::new()
@@ -301,6 +319,44 @@ impl Views {
             self.snapshot.resolve(input).ok()??
         };
         self.snapshot.attr(node)
+    }
+
+    /// The read bits (of `0o444`) the view files of the folder `dir` (an image folder: every
+    /// image under it is an input) may carry: a class of users may read `images.npy`,
+    /// `labels.npy`, `files.txt` and `classes.txt` only if it may read every image under
+    /// `dir` and list every directory on the way (the folder itself included). A 0600 image
+    /// or a 0700 subfolder narrows them to the owner, as a 0600 table narrows its columns.
+    /// Directories above `dir` need no check: the kernel walks the view directories above,
+    /// which carry their inputs' bits. Computed once per folder (the snapshot is fixed; under
+    /// `--revalidate` a mode changed later is seen by the next mount).
+    pub fn folder_read_bits(&self, dir: &Path, owner: &NodeAttr) -> u16 {
+        if let Some(&bits) = lock(&self.folder_bits).get(dir) {
+            return bits;
+        }
+        let node = if dir.as_os_str().is_empty() {
+            Some(ROOT)
+        } else {
+            self.snapshot.resolve(dir).ok().flatten()
+        };
+        let mut bits = 0o444u16;
+        let mut stack: Vec<u32> = node.into_iter().collect();
+        while let Some(n) = stack.pop() {
+            let Some(a) = self.snapshot.attr(n) else {
+                continue;
+            };
+            bits &= readable_bits(&a, owner);
+            if bits == 0 {
+                break;
+            }
+            if a.kind == FileKind::Dir {
+                let _ = self.snapshot.read_dir(n, 0, |_, id, _, _| {
+                    stack.push(id);
+                    true
+                });
+            }
+        }
+        lock(&self.folder_bits).insert(dir.to_path_buf(), bits);
+        bits
     }
 
     /// A hash of every input of view directory `dir` (names, sizes, mtimes, ctimes, inodes) and

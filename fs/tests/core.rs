@@ -478,3 +478,52 @@ fn two_mounts_on_one_cache_the_second_is_refused() {
     assert_eq!(read(&c, &rel("d/x.txt"), 0, 5, 5).unwrap(), b"hello");
     c.shutdown();
 }
+
+/// Hardening round three: on an `--allow-other` mount a second user who could read neither
+/// `pub/private.png` (0600) nor list `secret/` (0700) got their pixels through
+/// `.npy/imgs/images.npy`, and `files.txt` named `secret/topsecret-name.png`: an image
+/// folder's view files carried the folder's modes, not every input's.
+#[test]
+fn regression_image_views_showed_other_users_what_the_source_denies_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let png = |w: u32| {
+        let mut out = Vec::new();
+        let mut e = png::Encoder::new(&mut out, w, w);
+        e.set_color(png::ColorType::Grayscale);
+        e.write_header()
+            .unwrap()
+            .write_image_data(&vec![7u8; (w * w) as usize])
+            .unwrap();
+        out
+    };
+    for (dir, mode) in [
+        ("open/a", 0o755),
+        ("imgs/pub", 0o755),
+        ("imgs/secret", 0o700),
+    ] {
+        fs::create_dir_all(src.join(dir)).unwrap();
+        fs::set_permissions(src.join(dir), fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for (file, mode) in [
+        ("open/a/1.png", 0o644),
+        ("open/a/2.png", 0o644),
+        ("imgs/pub/ok.png", 0o644),
+        ("imgs/pub/private.png", 0o600),
+        ("imgs/secret/topsecret-name.png", 0o644),
+    ] {
+        fs::write(src.join(file), png(4)).unwrap();
+        fs::set_permissions(src.join(file), fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let (c, _) = mount(config(&src, &tmp.path().join("cache")));
+    for f in ["images.npy", "labels.npy", "files.txt", "classes.txt"] {
+        let a = lookup(&c, &rel(&format!(".npy/imgs/{f}"))).unwrap();
+        assert_eq!(a.perm, 0o400, "{f} of a folder with private inputs");
+        let a = lookup(&c, &rel(&format!(".npy/open/{f}"))).unwrap();
+        assert_eq!(a.perm, 0o444, "{f} of a folder everyone may read");
+    }
+    // The view directory of a 0700 folder may be entered by its owner only.
+    let d = lookup(&c, &rel(".npy/imgs/secret")).unwrap();
+    assert_eq!(d.perm, 0o500);
+    c.shutdown();
+}
