@@ -1006,7 +1006,7 @@ impl FsCore {
         }
     }
 
-    fn read_view(&self, v: &OpenView, offset: u64, size: u32) -> Result<ReadData, FsError> {
+    fn read_view(&self, v: &Arc<OpenView>, offset: u64, size: u32) -> Result<ReadData, FsError> {
         let views = self.views()?;
         Ok(views.read(v, offset, size as usize).inspect_err(|e| {
             let msg = format!("view read failed: {e}");

@@ -527,3 +527,61 @@ fn regression_image_views_showed_other_users_what_the_source_denies_them() {
     assert_eq!(d.perm, 0o500);
     c.shutdown();
 }
+
+/// Hardening round three: opening an image view rendered all of it to scratch in the
+/// background, so reading only its 128-byte header turned 14 MB of 1×1 PNGs into 30 GB of
+/// scratch, and 2,000 zero-byte JPEGs into 290 MB. Now a header read renders the header, a
+/// sequential reader is rendered ahead of within a bound, and units of zeros are not stored.
+#[test]
+fn regression_a_header_read_of_an_image_view_rendered_all_of_it_to_scratch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("tiny/a")).unwrap();
+    let mut png1 = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut png1, 1, 1);
+        e.set_color(png::ColorType::Grayscale);
+        e.write_header().unwrap().write_image_data(&[200]).unwrap();
+    }
+    let (pngs, jpegs) = (300, 100);
+    for i in 0..pngs {
+        fs::write(src.join(format!("tiny/a/{i:04}.png")), &png1).unwrap();
+    }
+    for i in 0..jpegs {
+        fs::write(src.join(format!("tiny/a/z{i:04}.jpg")), b"").unwrap();
+    }
+    let mut cfg = config(&src, &tmp.path().join("cache"));
+    cfg.stage = false;
+    cfg.image_size = 224;
+    let (c, _) = mount(cfg);
+    let a = lookup(&c, &rel(".npy/tiny/images.npy")).unwrap();
+    let slot = (a.size - 128) / (pngs + jpegs);
+    assert_eq!(slot, 3 * 224 * 224);
+    let before = c.store().used();
+    let header = read(&c, &rel(".npy/tiny/images.npy"), 0, 128, 128).unwrap();
+    assert_eq!(&header[1..6], b"NUMPY");
+    std::thread::sleep(Duration::from_millis(500));
+    let after_header = c.store().used() - before;
+    assert!(
+        after_header < 4 * slot,
+        "a header read stored {after_header} bytes ({slot}-byte slots)"
+    );
+    // A sequential reader gets every byte; the zero slots of the empty JPEGs are not stored.
+    let all = read(&c, &rel(".npy/tiny/images.npy"), 0, a.size, 128 << 10).unwrap();
+    assert_eq!(all.len() as u64, a.size);
+    let zero_slots = all[128..]
+        .chunks_exact(slot as usize)
+        .filter(|s| s.iter().all(|&b| b == 0))
+        .count() as u64;
+    assert_eq!(zero_slots, jpegs, "the empty JPEGs render as zeros");
+    std::thread::sleep(Duration::from_millis(300));
+    let stored = c.store().used() - before;
+    assert!(
+        stored < (pngs + 8) * slot + (1 << 20),
+        "{stored} bytes stored for {pngs} decodable images of {slot} bytes"
+    );
+    // The zeros read again, from memory.
+    let again = read(&c, &rel(".npy/tiny/images.npy"), 0, a.size, 128 << 10).unwrap();
+    assert!(again == all, "a second read differs");
+    c.shutdown();
+}

@@ -348,12 +348,13 @@ impl Fetcher {
 
     /// Slot `slot` of entry `entry`: from the cache, else made by `make` on this thread and
     /// cached — with the same in-flight de-duplication as source blocks, so concurrent readers
-    /// of one rendered view unit render it once.
+    /// of one rendered view unit render it once. `make` also says whether its bytes are worth
+    /// storing (a unit of zeros, say, is kept elsewhere compactly).
     pub fn get_or_make<E>(
         &self,
         entry: EntryId,
         slot: u32,
-        make: impl FnOnce() -> Result<Bytes, E>,
+        make: impl FnOnce() -> Result<(Bytes, bool), E>,
     ) -> Result<Fetched, E> {
         let shared = &self.shared;
         if let Some(data) = shared.store.read(entry, slot) {
@@ -365,9 +366,11 @@ impl Fetcher {
                 if let Some(Ok(data)) = wait_for(&s, Duration::MAX) {
                     return Ok(Fetched { data, hit: true });
                 }
-                // Their attempt failed: try once ourselves for our own error.
-                let data = make()?;
-                shared.store.insert(entry, slot, &data);
+                // Their attempt failed (or kept nothing): try once ourselves.
+                let (data, keep) = make()?;
+                if keep {
+                    shared.store.insert(entry, slot, &data);
+                }
                 return Ok(Fetched { data, hit: false });
             }
             Claim::Mine(s) => s,
@@ -382,8 +385,10 @@ impl Fetcher {
             publish.result = Some(Ok(data.clone()));
             return Ok(Fetched { data, hit: true });
         }
-        let data = make()?;
-        shared.store.insert(entry, slot, &data);
+        let (data, keep) = make()?;
+        if keep {
+            shared.store.insert(entry, slot, &data);
+        }
         publish.result = Some(Ok(data.clone()));
         Ok(Fetched { data, hit: false })
     }
