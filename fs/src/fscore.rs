@@ -74,6 +74,14 @@ pub const STATS_VIEW_AGE: Duration = Duration::from_millis(100);
 /// Complete large files waiting for background verification before passthrough.
 const VERIFY_QUEUE: usize = 64;
 
+/// Views kept open for reads without a handle: 256 covers the files every worker of a job
+/// reads at once; an evicted one is opened again (from the view set's parsed metadata) by its
+/// next read.
+const VIEWS_BY_INO: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(256) {
+    Some(n) => n,
+    None => panic!("256 is not zero"),
+};
+
 /// Metadata requests in flight while listing the source (`stagefs mount --scan-threads`):
 /// parallel filesystems answer concurrent requests far faster than serial ones, and 64 keeps
 /// one node's listing from crowding out the others'.
@@ -229,7 +237,10 @@ pub struct FsCore {
     inodes: InodeTable,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     /// Views opened without a handle (kernels that skip `open`), by inode.
-    views_by_ino: Mutex<HashMap<u64, Arc<OpenView>>>,
+    /// Views read without a handle (a normal user's mount skips opens), by inode, at most
+    /// [`VIEWS_BY_INO`]: each holds its table's or folder's metadata, and kept for every view
+    /// ever read they grew without bound (12 wide tables held 3 GB).
+    views_by_ino: Mutex<lru::LruCache<u64, Arc<OpenView>>>,
     next_fh: AtomicU64,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -307,7 +318,7 @@ impl FsCore {
             stats,
             inodes: InodeTable::default(),
             handles: Mutex::new(HashMap::new()),
-            views_by_ino: Mutex::new(HashMap::new()),
+            views_by_ino: Mutex::new(lru::LruCache::new(VIEWS_BY_INO)),
             next_fh: AtomicU64::new(1),
             stop,
             threads: Mutex::new(Vec::new()),
@@ -996,7 +1007,7 @@ impl FsCore {
                     Some(v) => v,
                     None => {
                         let v = self.views()?.open(&rel)?;
-                        lock(&self.views_by_ino).insert(ino, v.clone());
+                        lock(&self.views_by_ino).put(ino, v.clone());
                         v
                     }
                 };

@@ -159,6 +159,7 @@ fn convert(
             max_pixels: args.image.max_image_pixels,
             budget,
         },
+        ..ViewOptions::default()
     };
     let src = Arc::new(DirSource::new(source));
     let set =

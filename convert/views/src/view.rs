@@ -53,7 +53,16 @@ pub struct ViewOptions {
     pub on_bad: Option<BadInputHook>,
     /// How images are decoded: fast or exact mode, pixel cap, the shared decode budget.
     pub decode: DecodeSettings,
+    /// Bytes of table metadata a [`ViewSet`](crate::ViewSet) keeps parsed (least recently
+    /// used tables out first); [`DEFAULT_TABLE_META_BYTES`] by default.
+    pub table_meta_bytes: usize,
 }
+
+/// Table metadata a view set keeps parsed, by default: 256 MiB, a hundred tables of a
+/// thousand columns or two of 10^5 columns; past it the least recently used table is dropped
+/// and parsed again when next used (its rendered blocks are bounded apart, see
+/// [`crate::table::CACHE_BYTES`]).
+pub const DEFAULT_TABLE_META_BYTES: usize = 256 << 20;
 
 /// Default side S of image crops (torchvision's usual 224).
 pub const DEFAULT_IMAGE_SIZE: u32 = 224;
@@ -68,6 +77,7 @@ impl Default for ViewOptions {
             strict: false,
             on_bad: None,
             decode: DecodeSettings::default(),
+            table_meta_bytes: DEFAULT_TABLE_META_BYTES,
         }
     }
 }
@@ -89,6 +99,7 @@ impl fmt::Debug for ViewOptions {
             .field("strict", &self.strict)
             .field("on_bad", &self.on_bad.is_some())
             .field("decode", &self.decode)
+            .field("table_meta_bytes", &self.table_meta_bytes)
             .finish()
     }
 }

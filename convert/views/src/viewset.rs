@@ -51,12 +51,22 @@ impl TableFailure {
 
 type TableSlot = Arc<Mutex<Option<Result<Arc<Table>, TableFailure>>>>;
 
+/// Bytes a cached failure counts for (its message and slot).
+const FAILURE_BYTES: usize = 1024;
+
+/// Open tables, least recently used first out once their metadata passes the view set's
+/// budget (`ViewOptions::table_meta_bytes`).
+struct Tables {
+    map: lru::LruCache<PathBuf, (TableSlot, usize)>,
+    bytes: usize,
+}
+
 /// The `.npy/` namespace of one source with cached metadata; cheap to share across threads.
 pub struct ViewSet {
     src: Arc<dyn ByteSource>,
     tree: ViewTree,
     opts: ViewOptions,
-    tables: Mutex<HashMap<PathBuf, TableSlot>>,
+    tables: Mutex<Tables>,
     folders: Mutex<HashMap<usize, Arc<ImageFolder>>>,
     images: Mutex<HashMap<usize, Arc<ImagesView>>>,
 }
@@ -78,7 +88,10 @@ impl ViewSet {
             src,
             tree,
             opts,
-            tables: Mutex::new(HashMap::new()),
+            tables: Mutex::new(Tables {
+                map: lru::LruCache::unbounded(),
+                bytes: 0,
+            }),
             folders: Mutex::new(HashMap::new()),
             images: Mutex::new(HashMap::new()),
         }
@@ -105,8 +118,15 @@ impl ViewSet {
     /// hostile file costs its parse once, not once per lookup).
     pub fn table(&self, rel: &Path, format: TableFormat) -> Result<Arc<Table>, ViewError> {
         let slot = {
-            let mut map = self.tables.lock().map_err(|_| poisoned())?;
-            map.entry(rel.to_path_buf()).or_default().clone()
+            let mut tables = self.tables.lock().map_err(|_| poisoned())?;
+            match tables.map.get(rel) {
+                Some((slot, _)) => slot.clone(),
+                None => {
+                    let slot = TableSlot::default();
+                    tables.map.put(rel.to_path_buf(), (slot.clone(), 0));
+                    slot
+                }
+            }
         };
         let mut guard = slot.lock().map_err(|_| poisoned())?;
         match &*guard {
@@ -114,26 +134,67 @@ impl ViewSet {
             Some(Err(failure)) => return Err(failure.error()),
             None => {}
         }
-        match Table::open(self.src.clone(), rel, format) {
+        let (result, bytes) = match Table::open(self.src.clone(), rel, format) {
             Ok(t) => {
                 let t = Arc::new(t);
                 *guard = Some(Ok(t.clone()));
-                Ok(t)
+                let bytes = t.meta_bytes();
+                (Ok(t), bytes)
             }
             Err(ViewError::Corrupt { path, reason }) => {
                 self.opts.report_bad(&path, &reason);
                 let failure = TableFailure::Corrupt(path, reason);
                 *guard = Some(Err(failure.clone()));
-                Err(failure.error())
+                (Err(failure.error()), FAILURE_BYTES)
             }
             Err(ViewError::Unsupported { path, reason }) => {
                 self.opts.report_bad(&path, &reason);
                 let failure = TableFailure::Unsupported(path, reason);
                 *guard = Some(Err(failure.clone()));
-                Err(failure.error())
+                (Err(failure.error()), FAILURE_BYTES)
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        drop(guard);
+        self.account(rel, &slot, bytes)?;
+        result
+    }
+
+    /// Counts `bytes` for the table at `rel` (held in `slot`) and drops the least recently
+    /// used other tables while the total passes the budget. A dropped table's memory goes
+    /// once no open view holds it; it is parsed again when next used.
+    fn account(&self, rel: &Path, slot: &TableSlot, bytes: usize) -> Result<(), ViewError> {
+        let mut tables = self.tables.lock().map_err(|_| poisoned())?;
+        let tables = &mut *tables;
+        match tables.map.get_mut(rel) {
+            Some((s, counted)) if Arc::ptr_eq(s, slot) => {
+                tables.bytes = tables.bytes - *counted + bytes;
+                *counted = bytes;
+            }
+            // Dropped meanwhile by another table's accounting: not held, not counted.
+            _ => return Ok(()),
         }
+        while tables.bytes > self.opts.table_meta_bytes && tables.map.len() > 1 {
+            let Some((old, (_, counted))) = tables.map.pop_lru() else {
+                break;
+            };
+            if old == rel {
+                // The table just opened is the most recently used: never the one dropped.
+                tables.map.put(old, (slot.clone(), counted));
+                break;
+            }
+            tables.bytes -= counted;
+        }
+        Ok(())
+    }
+
+    /// Tables kept parsed now and the bytes of metadata they hold (at most the budget, but
+    /// for the most recently used table, which is kept whatever its size).
+    pub fn tables_held(&self) -> (usize, usize) {
+        self.tables
+            .lock()
+            .map(|t| (t.map.len(), t.bytes))
+            .unwrap_or((0, 0))
     }
 
     fn folder(&self, idx: usize) -> Result<Arc<ImageFolder>, ViewError> {

@@ -143,6 +143,23 @@ impl CsvBlocks {
 }
 
 impl BlockReader for CsvBlocks {
+    fn meta_bytes(&self) -> usize {
+        let fields: usize = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| std::mem::size_of::<Field>() + f.name().len())
+            .sum();
+        // Decoded blocks are kept, up to DECODED_BLOCKS of them: counted at what they may
+        // grow to (values of 8 bytes and their validity bits), not at what is decoded yet.
+        let widest = self.rows.iter().copied().max().unwrap_or(0);
+        let values = widest
+            .saturating_mul(self.viewed.len())
+            .min(MAX_BLOCK_FIELDS);
+        let kept = DECODED_BLOCKS.min(self.rows.len()) * values * 9;
+        fields + self.ranges.len() * 16 + self.rows.len() * 8 + self.viewed.len() * 8 + kept
+    }
+
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         match catch_unwind(AssertUnwindSafe(|| self.read_cached(b, cols))) {
             Ok(r) => r.map_err(|e| {

@@ -46,11 +46,12 @@ use crate::tree::TableFormat;
 use crate::view::{read_rows, BytesView, View};
 use stagefs_npy::{DType, NpyHeader};
 
-/// Rendered blocks kept per table (bytes): a few row groups of a wide table.
+/// Rendered blocks kept for all the process's tables together (bytes): a few row groups of a
+/// wide table, or the current blocks of many readers of narrow ones.
 pub const CACHE_BYTES: usize = 64 << 20;
 
-/// Rendered blocks kept per table (count): many tiny blocks (one-row row groups) must not make
-/// the cache itself a cost; 4096 covers several render units of any table.
+/// Rendered blocks kept for all tables (count): many tiny blocks (one-row row groups) must not
+/// make the cache itself a cost; 4096 covers several render units of any table.
 pub const CACHE_BLOCKS: usize = 4096;
 
 /// Most columns a table view takes. Each column is a file of the table's directory and costs
@@ -92,6 +93,8 @@ pub(crate) trait BlockReader: Send + Sync {
     fn units(&self, _b: usize) -> u64 {
         1
     }
+    /// Bytes of memory the reader's own metadata holds (footer, index, decoded blocks kept).
+    fn meta_bytes(&self) -> usize;
 }
 
 /// How one source column appears in the view.
@@ -187,11 +190,32 @@ enum Part {
     Features,
 }
 
-/// Rendered blocks by (block, part), least recently used first out, and their total bytes.
+/// Rendered blocks of every table in the process by (table, block, part), least recently
+/// used first out, and their total bytes: one bound however many tables are open (each table
+/// had its own 64 MiB, and 12 wide tables held 3 GB).
 struct BlockCache {
-    map: LruCache<(usize, Part), Buffer>,
+    map: LruCache<(u64, usize, Part), Buffer>,
     bytes: usize,
 }
+
+/// The process's rendered-block cache.
+fn block_cache() -> &'static Mutex<BlockCache> {
+    static CACHE: std::sync::OnceLock<Mutex<BlockCache>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| {
+        Mutex::new(BlockCache {
+            map: LruCache::unbounded(),
+            bytes: 0,
+        })
+    })
+}
+
+/// Bytes of rendered blocks held now, by every table of the process (at most [`CACHE_BYTES`]).
+pub fn rendered_bytes() -> usize {
+    block_cache().lock().map(|c| c.bytes).unwrap_or(0)
+}
+
+/// Tables opened in this process, for their keys in the block cache.
+static TABLE_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// Work a table has done, for tests and logs: what a read cost, counted not timed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -211,7 +235,8 @@ pub struct Table {
     /// First row of each block, then the row count: `blocks + 1` entries.
     block_starts: Vec<u64>,
     reader: Box<dyn BlockReader>,
-    cache: Mutex<BlockCache>,
+    /// This table's key in the process's block cache.
+    id: u64,
     /// Column index by file name.
     by_file: HashMap<String, usize>,
     /// Indices of the columns in `features.npy`.
@@ -278,10 +303,7 @@ impl Table {
             columns,
             block_starts,
             reader,
-            cache: Mutex::new(BlockCache {
-                map: LruCache::unbounded(),
-                bytes: 0,
-            }),
+            id: TABLE_IDS.fetch_add(1, Ordering::Relaxed),
             by_file,
             features,
             schema: Arc::from(Vec::new()),
@@ -290,6 +312,27 @@ impl Table {
         };
         t.schema = t.render_schema_json().into();
         Ok(t)
+    }
+
+    /// Bytes of memory this table's metadata holds (column plans, file names, block index,
+    /// `schema.json`, the reader's footer or index): what a cache of open tables counts.
+    pub fn meta_bytes(&self) -> usize {
+        let plans: usize = self
+            .columns
+            .iter()
+            .map(|c| {
+                std::mem::size_of::<ColumnPlan>()
+                    + c.name.len()
+                    + c.skipped.as_ref().map_or(0, String::len)
+                    // The file name, and its copy and slot in `by_file`.
+                    + c.file.as_ref().map_or(0, |f| 2 * f.len() + 48)
+            })
+            .sum();
+        plans
+            + self.block_starts.len() * 8
+            + self.features.len() * 8
+            + self.schema.len()
+            + self.reader.meta_bytes()
     }
 
     /// Blocks and source units decoded so far (cache misses), for tests and logs.
@@ -408,8 +451,8 @@ impl Table {
 
     /// Rendered bytes of `part` for block `b`, from the cache or decoded now.
     fn block(&self, b: usize, part: Part) -> Result<Buffer, ViewError> {
-        if let Ok(mut cache) = self.cache.lock() {
-            if let Some(v) = cache.map.get(&(b, part)) {
+        if let Ok(mut cache) = block_cache().lock() {
+            if let Some(v) = cache.map.get(&(self.id, b, part)) {
                 return Ok(v.clone());
             }
         }
@@ -450,8 +493,8 @@ impl Table {
                 features_bytes(&arrays, rows).map_err(|e| self.corrupt(e))?
             }
         };
-        if let Ok(mut cache) = self.cache.lock() {
-            if let Some(old) = cache.map.put((b, part), bytes.clone()) {
+        if let Ok(mut cache) = block_cache().lock() {
+            if let Some(old) = cache.map.put((self.id, b, part), bytes.clone()) {
                 cache.bytes -= old.len();
             }
             cache.bytes += bytes.len();

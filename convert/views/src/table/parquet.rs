@@ -362,6 +362,10 @@ impl BlockReader for ParquetBlocks {
         }
     }
 
+    fn meta_bytes(&self) -> usize {
+        self.meta.metadata().memory_size() + self.groups.len() * 8
+    }
+
     fn units(&self, b: usize) -> u64 {
         match (self.groups.get(b), self.groups.get(b + 1)) {
             (Some(&f), Some(&e)) => e.saturating_sub(f) as u64,
