@@ -894,11 +894,23 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
     assert!(std::fs::symlink_metadata(dst.join("sub")).unwrap().is_dir());
     let before = snapshot(&home);
 
-    let swapper = as_lab_member(attacker, &me)
-        .env(SWAPPER_ENV, base)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    /// Kills the swapper if the test fails before stopping it.
+    struct Swapper(Option<std::process::Child>);
+    impl Drop for Swapper {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.0.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut swapper = Swapper(Some(
+        as_lab_member(attacker, &me)
+            .env(SWAPPER_ENV, base)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
     let (mut met, mut other, mut clean) = (0, 0, 0);
     let mut outcome = Ok(());
     for pass in 1..=PASSES {
@@ -925,7 +937,7 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
         }
     }
     std::fs::write(base.join("stop"), b"").unwrap();
-    let out = swapper.wait_with_output().unwrap();
+    let out = swapper.0.take().unwrap().wait_with_output().unwrap();
     let swaps = String::from_utf8_lossy(&out.stdout).into_owned();
     if let Err(e) = outcome {
         panic!("{e}\n(swapper: {swaps})");

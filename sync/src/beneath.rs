@@ -156,6 +156,16 @@ pub fn is_not_followed(e: &io::Error) -> bool {
     )
 }
 
+/// Runs `f` with `openat2`, then again with the component-at-a-time fallback, so that tests
+/// cover both ways. (Other tests running meanwhile may take either way: both are correct.)
+#[cfg(test)]
+pub(crate) fn both_ways(f: impl Fn()) {
+    f();
+    HAVE_OPENAT2.store(false, Ordering::Relaxed);
+    f();
+    HAVE_OPENAT2.store(true, Ordering::Relaxed);
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap (COMMON.md)
 mod tests {
@@ -172,18 +182,11 @@ mod tests {
         t
     }
 
-    fn both(f: impl Fn()) {
-        f();
-        HAVE_OPENAT2.store(false, Ordering::Relaxed);
-        f();
-        HAVE_OPENAT2.store(true, Ordering::Relaxed);
-    }
-
     #[test]
     fn opens_inside_and_refuses_every_symlink() {
         let t = tree();
         let root = open_root(&t.path().join("src")).unwrap();
-        both(|| {
+        both_ways(|| {
             let mut s = String::new();
             open_file_beneath(&root, Path::new("d/f"))
                 .unwrap()
@@ -204,7 +207,7 @@ mod tests {
         let t = tree();
         std::os::unix::fs::symlink(t.path(), t.path().join("src/d/updir")).unwrap();
         let root = open_root(&t.path().join("src")).unwrap();
-        both(|| {
+        both_ways(|| {
             let d = open_dir_beneath(&root, Path::new("d")).unwrap();
             let mut s = String::new();
             open_file_in(&d, Path::new("f"))

@@ -192,57 +192,63 @@ mod tests {
 
     #[test]
     fn nothing_is_made_or_removed_through_a_symlinked_directory() {
-        let (_t, dst, outside, root) = tree();
-        symlink(&outside, dst.join("link")).unwrap();
-        let e = make_dir(&root, Path::new("link/new"), 0o755, false).unwrap_err();
-        assert!(matches!(e, FileError::NotFollowed { .. }), "{e}");
-        for rel in ["link/secret", "link/keep", "link/keep/k"] {
-            let e = remove(&root, Path::new(rel)).unwrap_err();
-            assert!(beneath::is_not_followed(&e), "{rel}: {e}");
-        }
-        assert!(fsync_dir(&root, Path::new("link")).is_err());
-        assert_eq!(listing(&outside), ["keep", "secret"]);
-        assert_eq!(fs::read(outside.join("keep/k")).unwrap(), b"k");
-        // The link itself is an entry of DST: removed as a link, its target untouched.
-        assert!(remove(&root, Path::new("link")).unwrap());
-        assert_eq!(listing(&outside), ["keep", "secret"]);
+        beneath::both_ways(|| {
+            let (_t, dst, outside, root) = tree();
+            symlink(&outside, dst.join("link")).unwrap();
+            let e = make_dir(&root, Path::new("link/new"), 0o755, false).unwrap_err();
+            assert!(matches!(e, FileError::NotFollowed { .. }), "{e}");
+            for rel in ["link/secret", "link/keep", "link/keep/k"] {
+                let e = remove(&root, Path::new(rel)).unwrap_err();
+                assert!(beneath::is_not_followed(&e), "{rel}: {e}");
+            }
+            assert!(fsync_dir(&root, Path::new("link")).is_err());
+            assert_eq!(listing(&outside), ["keep", "secret"]);
+            assert_eq!(fs::read(outside.join("keep/k")).unwrap(), b"k");
+            // The link itself is an entry of DST: removed as a link, its target untouched.
+            assert!(remove(&root, Path::new("link")).unwrap());
+            assert_eq!(listing(&outside), ["keep", "secret"]);
+        });
     }
 
     #[test]
     fn make_dir_sets_the_mode_and_replaces_a_link_without_following_it() {
-        let (_t, dst, outside, root) = tree();
-        fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
-        symlink(&outside, dst.join("d")).unwrap();
-        make_dir(&root, Path::new("d"), 0o750, true).unwrap();
-        let m = fs::symlink_metadata(dst.join("d")).unwrap();
-        assert!(m.is_dir());
-        assert_eq!(m.permissions().mode() & 0o7777, 0o750);
-        // The directory the link pointed to kept its mode.
-        let m = fs::metadata(&outside).unwrap();
-        assert_eq!(m.permissions().mode() & 0o7777, 0o755);
-        // An existing directory is kept, with the new mode (owner rwx always).
-        make_dir(&root, Path::new("sub"), 0o500, false).unwrap();
-        let m = fs::metadata(dst.join("sub")).unwrap();
-        assert_eq!(m.permissions().mode() & 0o7777, 0o700);
-        assert!(dst.join("sub/deep/f").exists());
+        beneath::both_ways(|| {
+            let (_t, dst, outside, root) = tree();
+            fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
+            symlink(&outside, dst.join("d")).unwrap();
+            make_dir(&root, Path::new("d"), 0o750, true).unwrap();
+            let m = fs::symlink_metadata(dst.join("d")).unwrap();
+            assert!(m.is_dir());
+            assert_eq!(m.permissions().mode() & 0o7777, 0o750);
+            // The directory the link pointed to kept its mode.
+            let m = fs::metadata(&outside).unwrap();
+            assert_eq!(m.permissions().mode() & 0o7777, 0o755);
+            // An existing directory is kept, with the new mode (owner rwx always).
+            make_dir(&root, Path::new("sub"), 0o500, false).unwrap();
+            let m = fs::metadata(dst.join("sub")).unwrap();
+            assert_eq!(m.permissions().mode() & 0o7777, 0o700);
+            assert!(dst.join("sub/deep/f").exists());
+        });
     }
 
     #[test]
     fn remove_tree_removes_links_as_links_and_deep_trees() {
-        let (_t, dst, outside, root) = tree();
-        symlink(&outside, dst.join("sub/deep/to-outside")).unwrap();
-        symlink(outside.join("secret"), dst.join("sub/to-secret")).unwrap();
-        let mut deep = dst.join("sub");
-        for i in 0..50 {
-            deep.push(format!("level{i}"));
-        }
-        fs::create_dir_all(&deep).unwrap();
-        fs::write(deep.join("bottom"), b"b").unwrap();
-        assert!(remove(&root, Path::new("sub")).unwrap());
-        assert!(!dst.join("sub").exists());
-        assert_eq!(listing(&dst), Vec::<String>::new());
-        assert_eq!(listing(&outside), ["keep", "secret"]);
-        assert_eq!(fs::read(outside.join("secret")).unwrap(), b"secret");
-        assert!(!remove(&root, Path::new("sub")).unwrap(), "already gone");
+        beneath::both_ways(|| {
+            let (_t, dst, outside, root) = tree();
+            symlink(&outside, dst.join("sub/deep/to-outside")).unwrap();
+            symlink(outside.join("secret"), dst.join("sub/to-secret")).unwrap();
+            let mut deep = dst.join("sub");
+            for i in 0..50 {
+                deep.push(format!("level{i}"));
+            }
+            fs::create_dir_all(&deep).unwrap();
+            fs::write(deep.join("bottom"), b"b").unwrap();
+            assert!(remove(&root, Path::new("sub")).unwrap());
+            assert!(!dst.join("sub").exists());
+            assert_eq!(listing(&dst), Vec::<String>::new());
+            assert_eq!(listing(&outside), ["keep", "secret"]);
+            assert_eq!(fs::read(outside.join("secret")).unwrap(), b"secret");
+            assert!(!remove(&root, Path::new("sub")).unwrap(), "already gone");
+        });
     }
 }

@@ -528,51 +528,53 @@ mod tests {
     /// deleted there; the paths fail, named; the next pass replaces the link by a directory.
     #[test]
     fn destination_directory_swapped_for_symlink_after_planning_is_not_written_through() {
-        let t = tree();
-        let s = Syncer::new(SyncOptions {
-            jobs: 2,
-            delete: true,
-            ..SyncOptions::default()
-        })
-        .unwrap();
-        let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
-        assert!(r.ok(), "{r:?}");
-        // Work for the next pass under d: a new version, a new directory, an extra to delete.
-        fs::write(t.src.join("d/f"), "new f").unwrap();
-        age(&t.src.join("d/f"));
-        fs::create_dir(t.src.join("d/e")).unwrap();
-        fs::write(t.src.join("d/e/h"), "h").unwrap();
-        age(&t.src.join("d/e/h"));
-        std::os::unix::fs::symlink("g", t.src.join("d/l")).unwrap();
-        fs::write(t.dst.join("d/extra"), "extra").unwrap();
-        let outside = t.secret.parent().unwrap().join("outside");
-        fs::create_dir_all(&outside).unwrap();
-        fs::set_permissions(&outside, fs::Permissions::from_mode(0o700)).unwrap();
-        for name in ["f", "extra"] {
-            fs::write(outside.join(name), "SECRET outside DST").unwrap();
-        }
-        let before = contents(&outside);
+        crate::beneath::both_ways(|| {
+            let t = tree();
+            let s = Syncer::new(SyncOptions {
+                jobs: 2,
+                delete: true,
+                ..SyncOptions::default()
+            })
+            .unwrap();
+            let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
+            assert!(r.ok(), "{r:?}");
+            // Work for the next pass under d: a new version, a new directory, an extra to delete.
+            fs::write(t.src.join("d/f"), "new f").unwrap();
+            age(&t.src.join("d/f"));
+            fs::create_dir(t.src.join("d/e")).unwrap();
+            fs::write(t.src.join("d/e/h"), "h").unwrap();
+            age(&t.src.join("d/e/h"));
+            std::os::unix::fs::symlink("g", t.src.join("d/l")).unwrap();
+            fs::write(t.dst.join("d/extra"), "extra").unwrap();
+            let outside = t.secret.parent().unwrap().join("outside");
+            fs::create_dir_all(&outside).unwrap();
+            fs::set_permissions(&outside, fs::Permissions::from_mode(0o700)).unwrap();
+            for name in ["f", "extra"] {
+                fs::write(outside.join(name), "SECRET outside DST").unwrap();
+            }
+            let before = contents(&outside);
 
-        let plan = s.plan(&t.src, &t.dst).unwrap();
-        fs::rename(t.dst.join("d"), t.dst.join("d.moved")).unwrap();
-        std::os::unix::fs::symlink(&outside, t.dst.join("d")).unwrap();
-        let r = s.execute(plan, &|_| {});
-        assert_eq!(contents(&outside), before);
-        let failed: Vec<&Path> = r.failed.iter().map(|(p, _)| p.as_path()).collect();
-        for rel in ["d/e", "d/f", "d/l", "d/extra"] {
-            assert!(failed.contains(&Path::new(rel)), "{rel}: {r:?}");
-        }
-        assert!(
-            r.failed.iter().all(|(_, why)| why.contains("not followed")),
-            "{r:?}"
-        );
+            let plan = s.plan(&t.src, &t.dst).unwrap();
+            fs::rename(t.dst.join("d"), t.dst.join("d.moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, t.dst.join("d")).unwrap();
+            let r = s.execute(plan, &|_| {});
+            assert_eq!(contents(&outside), before);
+            let failed: Vec<&Path> = r.failed.iter().map(|(p, _)| p.as_path()).collect();
+            for rel in ["d/e", "d/f", "d/l", "d/extra"] {
+                assert!(failed.contains(&Path::new(rel)), "{rel}: {r:?}");
+            }
+            assert!(
+                r.failed.iter().all(|(_, why)| why.contains("not followed")),
+                "{r:?}"
+            );
 
-        let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
-        assert!(r.ok(), "{r:?}");
-        assert_eq!(contents(&outside), before);
-        assert!(fs::symlink_metadata(t.dst.join("d")).unwrap().is_dir());
-        assert_eq!(fs::read_to_string(t.dst.join("d/f")).unwrap(), "new f");
-        assert_eq!(fs::read_to_string(t.dst.join("d/e/h")).unwrap(), "h");
-        assert!(!t.dst.join("d.moved").exists());
+            let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
+            assert!(r.ok(), "{r:?}");
+            assert_eq!(contents(&outside), before);
+            assert!(fs::symlink_metadata(t.dst.join("d")).unwrap().is_dir());
+            assert_eq!(fs::read_to_string(t.dst.join("d/f")).unwrap(), "new f");
+            assert_eq!(fs::read_to_string(t.dst.join("d/e/h")).unwrap(), "h");
+            assert!(!t.dst.join("d.moved").exists());
+        });
     }
 }

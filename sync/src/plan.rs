@@ -7,7 +7,9 @@
 //! replaced by a directory, never entered). The root descriptors go into the [`Plan`]: the pass
 //! reaches both trees only beneath them ([`crate::copy`], [`crate::dst`]). Symlinks are never
 //! followed (a link in SRC becomes the same link in DST). Entries that are neither files,
-//! directories nor symlinks (sockets, FIFOs, devices) are skipped and reported.
+//! directories nor symlinks (sockets, FIFOs, devices) are skipped and reported. The walk holds
+//! two descriptors per directory level it is in (SRC's and DST's), closed as it comes back up:
+//! bounded by the depth, not by the number of files.
 //!
 //! Stagefs temporaries (exactly stagefs's own name pattern, [`crate::temp`]) in SRC are
 //! ignored; in DST they are listed for removal when [`temp::judge`] finds them stale. Files
