@@ -68,10 +68,10 @@ pub enum FileError {
         source: std::io::Error,
     },
     /// A symlink (or a non-directory) is on a destination path: swapped in after planning.
-    /// Nothing was followed, and nothing was written there.
+    /// Nothing was followed, and nothing was done there.
     #[error(
-        "{op}: a symlink or non-directory is now on its path in DST (swapped in after planning; \
-         {source}); not followed, nothing written there"
+        "{op}: a symlink or non-directory is now on its path in DST (swapped in after \
+         planning?): {source}; not followed, nothing done there"
     )]
     NotFollowed {
         /// What was being done.
