@@ -764,8 +764,10 @@ fn swapper_main(dir: &Path) -> std::process::ExitCode {
 }
 
 /// Rewrites the victim's job outputs for pass `pass`: new contents and mtimes (in the past, so
-/// that the copies need not wait for them to settle), a new directory with a file, and the
-/// previous pass's directory gone (for --delete to remove).
+/// that the copies need not wait for them to settle), a new directory with a file, the
+/// previous pass's directory gone (for --delete to remove), a symlink to the new directory,
+/// and `flip`, a file in even passes (run with --delete, which replaces a directory by it) and
+/// a directory in odd ones: every kind of change sync makes in DST/sub.
 fn write_outputs(src: &Path, victim: u32, pass: usize) {
     let when = std::time::SystemTime::now() - Duration::from_secs(10);
     let sub = src.join("sub");
@@ -776,7 +778,22 @@ fn write_outputs(src: &Path, victim: u32, pass: usize) {
     if pass > 0 {
         let _ = std::fs::remove_dir_all(sub.join(format!("d{}", pass - 1)));
     }
+    let link = sub.join("latest");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("d{pass}"), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(victim), Some(victim)).unwrap();
+    let flip = sub.join("flip");
+    let _ = std::fs::remove_file(&flip);
+    let _ = std::fs::remove_dir_all(&flip);
+    let flip = if pass % 2 == 0 {
+        flip
+    } else {
+        std::fs::create_dir(&flip).unwrap();
+        std::os::unix::fs::chown(&flip, Some(victim), Some(victim)).unwrap();
+        flip.join("inner")
+    };
     let mut files = vec![
+        (flip, format!("flip pass {pass}\n")),
         (
             sub.join("authorized_keys"),
             format!("ssh-ed25519 ATTACKER-KEY pass {pass}\n"),
@@ -912,6 +929,7 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
             .unwrap(),
     ));
     let (mut met, mut other, mut clean) = (0, 0, 0);
+    let mut first_other = String::new();
     let mut outcome = Ok(());
     for pass in 1..=PASSES {
         write_outputs(&src, victim, pass);
@@ -929,7 +947,12 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
         match status.code() {
             Some(0) => clean += 1,
             Some(1) if err.contains("not followed") => met += 1,
-            Some(1) if err.contains("FAILED") => other += 1,
+            Some(1) if err.contains("FAILED") => {
+                if other == 0 {
+                    first_other = err;
+                }
+                other += 1;
+            }
             _ => {
                 outcome = Err(format!("pass {pass}: {status}: {err}"));
                 break;
@@ -944,7 +967,7 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
     }
     eprintln!(
         "{PASSES} passes in {:.1} s: {met} refused a swapped-in symlink, {other} failed otherwise, \
-         {clean} clean; swapper: {swaps}",
+         {clean} clean; swapper: {swaps}{first_other}",
         started.elapsed().as_secs_f64()
     );
     assert!(
@@ -956,7 +979,11 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
     let (status, err) = pass_as_victim(&["--delete"]);
     assert!(status.success(), "{err}");
     assert!(std::fs::symlink_metadata(dst.join("sub")).unwrap().is_dir());
-    for rel in ["sub/authorized_keys", "sub/f3", "top.log"] {
+    assert_eq!(
+        std::fs::read_link(dst.join("sub/latest")).unwrap(),
+        Path::new(&format!("d{PASSES}"))
+    );
+    for rel in ["sub/authorized_keys", "sub/f3", "sub/flip", "top.log"] {
         assert_eq!(
             std::fs::read(dst.join(rel)).unwrap(),
             std::fs::read(src.join(rel)).unwrap(),
