@@ -674,6 +674,7 @@ fn as_lab_member(uid: u32, cmd: &Path) -> Command {
 /// Everything about the entries under `dir` (names, inodes, owners, modes, times, contents),
 /// and about `dir` itself: a file created there and removed again still moves its mtime.
 fn snapshot(dir: &Path) -> Vec<String> {
+    use std::os::unix::ffi::OsStringExt;
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -696,6 +697,12 @@ fn snapshot(dir: &Path) -> Vec<String> {
                 stack.push(p);
                 continue;
             }
+            // A link's target, never what it points to (which may not exist).
+            let data = if m.file_type().is_symlink() {
+                std::fs::read_link(&p).unwrap().into_os_string().into_vec()
+            } else {
+                std::fs::read(&p).unwrap()
+            };
             out.push(format!(
                 "{} ino {} uid {} mode {:o} ctime {}.{} data {:?}",
                 p.display(),
@@ -704,7 +711,7 @@ fn snapshot(dir: &Path) -> Vec<String> {
                 m.mode(),
                 m.ctime(),
                 m.ctime_nsec(),
-                String::from_utf8_lossy(&std::fs::read(&p).unwrap())
+                String::from_utf8_lossy(&data)
             ));
         }
     }
@@ -785,7 +792,7 @@ fn write_outputs(src: &Path, victim: u32, pass: usize) {
     let flip = sub.join("flip");
     let _ = std::fs::remove_file(&flip);
     let _ = std::fs::remove_dir_all(&flip);
-    let flip = if pass % 2 == 0 {
+    let flip = if pass.is_multiple_of(2) {
         flip
     } else {
         std::fs::create_dir(&flip).unwrap();
@@ -933,7 +940,11 @@ fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
     let mut outcome = Ok(());
     for pass in 1..=PASSES {
         write_outputs(&src, victim, pass);
-        let extra: &[&str] = if pass % 2 == 0 { &["--delete"] } else { &[] };
+        let extra: &[&str] = if pass.is_multiple_of(2) {
+            &["--delete"]
+        } else {
+            &[]
+        };
         let (status, err) = pass_as_victim(extra);
         if snapshot(&home) != before {
             outcome = Err(format!(
