@@ -142,7 +142,7 @@ pub fn remove_tree(parent: impl AsFd, name: &OsStr) -> io::Result<()> {
 
 /// The names in the open directory `dir` (without `.` and `..`), read through a descriptor of
 /// its own that is closed before they are returned.
-pub fn names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
+fn names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
     let mut out = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = entry?;
