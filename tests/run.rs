@@ -203,17 +203,15 @@ fn mount_serves_the_command_and_is_gone_afterwards() {
 fn failed_final_sync_turns_success_into_exit_1() {
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("o");
-    // As root nothing is denied: make the destination path of one output exceed PATH_MAX.
-    let mut home = t.path().join("h");
-    home.push("e".repeat(250));
-    let mut deep = out.clone();
-    while deep.as_os_str().len() < 3900 {
-        deep.push("d".repeat(200));
-    }
+    let home = t.path().join("h");
+    // As root nothing is denied: make the path of one output inside the trees exceed PATH_MAX
+    // (21 directories of 200 bytes, made one `cd` at a time), which no path beneath a root can
+    // name. (Only the part below DST's root counts: DST is reached beneath its descriptor.)
+    let seg = "d".repeat(200);
     let spec = format!("{}:{}", out.display(), home.display());
     let script = format!(
-        "mkdir -p {d} && echo x > {d}/f && echo ok > {o}/fine",
-        d = deep.display(),
+        "echo ok > {o}/fine && cd {o} && for i in $(seq 21); do mkdir {seg} && cd {seg}; done \
+         && echo x > f",
         o = out.display()
     );
     let o = run_cmd(&spec, &["--every", "0"], &script).output().unwrap();

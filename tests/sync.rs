@@ -157,22 +157,49 @@ fn delete_removes_extras_and_leftover_temporaries_are_cleaned() {
 }
 
 fn failures_are_named_and_exit_nonzero() {
-    // As root nothing is denied, so make a destination path exceed PATH_MAX (4096) while the
-    // source path stays within it.
+    // As root nothing is denied, so give SRC a file whose path *inside* the trees exceeds
+    // PATH_MAX (4096): the walk reaches it a directory at a time, but no path beneath a root
+    // can name it. (A long absolute DST path no longer fails: DST is reached beneath its root
+    // descriptor, so only the part inside DST counts.)
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("s");
-    let mut deep = src.clone();
-    let seg = "d".repeat(200);
-    while deep.as_os_str().len() < 3900 {
-        deep.push(&seg);
-    }
-    std::fs::create_dir_all(&deep).unwrap();
-    std::fs::write(deep.join("f"), b"x").unwrap();
+    std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("ok"), b"fine").unwrap();
-    let mut dst = t.path().join("dst");
-    for _ in 0..2 {
-        dst.push("e".repeat(200));
+    let seg = CString::new("d".repeat(200)).unwrap();
+    let f = CString::new("f").unwrap();
+    let mut dir = OwnedFd::from(std::fs::File::open(&src).unwrap());
+    // 21 levels of 200 bytes: 4220 bytes below SRC. Built from descriptors, as no path call
+    // could reach the deeper levels.
+    for _ in 0..21 {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `dir` is an open directory and `seg` a NUL-terminated name, both live
+        // across the calls; a descriptor returned by openat is owned by nothing else.
+        dir = unsafe {
+            assert_eq!(libc::mkdirat(dir.as_raw_fd(), seg.as_ptr(), 0o755), 0);
+            let fd = libc::openat(dir.as_raw_fd(), seg.as_ptr(), libc::O_DIRECTORY);
+            assert!(fd >= 0);
+            OwnedFd::from_raw_fd(fd)
+        };
     }
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above; the new file's descriptor is owned (and closed) at once.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                f.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY,
+                0o644,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: `fd` was just returned by openat and is owned by nothing else.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    drop(dir);
+    let dst = t.path().join("dst");
     let o = sync(&src, &dst, &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
@@ -624,7 +651,363 @@ fn sync_without_delete_keeps_directory_in_the_way_of_a_file() {
     assert_eq!(std::fs::read(dst.join("other")).unwrap(), b"o");
 }
 
+/// The lab group the victim and the attacker share in the race test. A gid that no account
+/// has: setpriv hands it out as a supplementary group, which needs no /etc/group entry, so the
+/// test changes nothing on the machine.
+const LAB_GID: u32 = 64_321;
+
+/// Set (to the race directory) when this test binary is run as the attacker's swapper.
+const SWAPPER_ENV: &str = "STAGEFS_TEST_SWAPPER";
+
+/// `cmd` run as `uid` with its own group and the lab group, as a lab member's login is.
+fn as_lab_member(uid: u32, cmd: &Path) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        format!("--groups={LAB_GID}"),
+    ])
+    .arg(cmd);
+    c
+}
+
+/// Everything about the entries under `dir` (names, inodes, owners, modes, times, contents),
+/// and about `dir` itself: a file created there and removed again still moves its mtime.
+fn snapshot(dir: &Path) -> Vec<String> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let m = std::fs::symlink_metadata(&d).unwrap();
+        out.push(format!(
+            "{} dir ino {} uid {} mode {:o} mtime {}.{} ctime {}.{}",
+            d.display(),
+            m.ino(),
+            m.uid(),
+            m.mode(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec()
+        ));
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            // A link's target, never what it points to (which may not exist).
+            let data = if m.file_type().is_symlink() {
+                std::fs::read_link(&p).unwrap().into_os_string().into_vec()
+            } else {
+                std::fs::read(&p).unwrap()
+            };
+            out.push(format!(
+                "{} ino {} uid {} mode {:o} ctime {}.{} data {:?}",
+                p.display(),
+                m.ino(),
+                m.uid(),
+                m.mode(),
+                m.ctime(),
+                m.ctime_nsec(),
+                String::from_utf8_lossy(&data)
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The attacker (run as `stagefs-test2` by the race test): swaps `DST/sub` between the real
+/// directory and a symlink to the victim's `~/.ssh` as fast as it can, with
+/// `renameat2(RENAME_EXCHANGE)` against a spare slot of its own, so that at every instant
+/// `DST/sub` is one or the other. Stops when `DIR/stop` exists, or after two minutes in any
+/// case. Prints the number of swaps.
+fn swapper_main(dir: &Path) -> std::process::ExitCode {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let (dst_sub, spare_sub) = (dir.join("lab/dst/sub"), dir.join("lab/spare/sub"));
+    let target = dir.join("home/.ssh");
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (a, b) = (c(&dst_sub), c(&spare_sub));
+    let stop = dir.join("stop");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (mut swaps, mut rearmed) = (0u64, 0u64);
+    for i in 0u64.. {
+        if i % 64 == 0 && (stop.exists() || std::time::Instant::now() > deadline) {
+            break;
+        }
+        // SAFETY: both arguments are NUL-terminated strings that outlive the call, and
+        // AT_FDCWD makes them plain paths.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        if r == 0 {
+            swaps += 1;
+        }
+        // The victim's sync replaces a symlink it finds at DST/sub by a fresh directory; once
+        // both slots hold directories, put a new symlink into the spare slot.
+        let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+        let spare_is_dir = is_dir(&spare_sub);
+        let spare_missing = std::fs::symlink_metadata(&spare_sub).is_err();
+        if spare_missing || (spare_is_dir && is_dir(&dst_sub)) {
+            if spare_is_dir {
+                let _ = std::fs::rename(&spare_sub, dir.join(format!("lab/spare/old{i}")));
+            }
+            if std::os::unix::fs::symlink(&target, &spare_sub).is_ok() {
+                rearmed += 1;
+            }
+        }
+    }
+    println!("{swaps} swaps, {rearmed} symlinks planted");
+    std::process::ExitCode::SUCCESS
+}
+
+/// Rewrites the victim's job outputs for pass `pass`: new contents and mtimes (in the past, so
+/// that the copies need not wait for them to settle), a new directory with a file, the
+/// previous pass's directory gone (for --delete to remove), a symlink to the new directory,
+/// and `flip`, a file in even passes (run with --delete, which replaces a directory by it) and
+/// a directory in odd ones: every kind of change sync makes in DST/sub.
+fn write_outputs(src: &Path, victim: u32, pass: usize) {
+    let when = std::time::SystemTime::now() - Duration::from_secs(10);
+    let sub = src.join("sub");
+    let new_dir = sub.join(format!("d{pass}"));
+    std::fs::create_dir_all(&new_dir).unwrap();
+    std::fs::set_permissions(&new_dir, PermissionsExt::from_mode(0o775)).unwrap();
+    std::os::unix::fs::chown(&new_dir, Some(victim), Some(victim)).unwrap();
+    if pass > 0 {
+        let _ = std::fs::remove_dir_all(sub.join(format!("d{}", pass - 1)));
+    }
+    let link = sub.join("latest");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("d{pass}"), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(victim), Some(victim)).unwrap();
+    let flip = sub.join("flip");
+    let _ = std::fs::remove_file(&flip);
+    let _ = std::fs::remove_dir_all(&flip);
+    let flip = if pass.is_multiple_of(2) {
+        flip
+    } else {
+        std::fs::create_dir(&flip).unwrap();
+        std::os::unix::fs::chown(&flip, Some(victim), Some(victim)).unwrap();
+        flip.join("inner")
+    };
+    let mut files = vec![
+        (flip, format!("flip pass {pass}\n")),
+        (
+            sub.join("authorized_keys"),
+            format!("ssh-ed25519 ATTACKER-KEY pass {pass}\n"),
+        ),
+        (new_dir.join("g"), format!("new in pass {pass}\n")),
+        (src.join("top.log"), format!("top pass {pass}\n")),
+    ];
+    for i in 0..4 {
+        files.push((sub.join(format!("f{i}")), format!("f{i} pass {pass}\n")));
+    }
+    for (p, data) in files {
+        std::fs::write(&p, data).unwrap();
+        std::os::unix::fs::chown(&p, Some(victim), Some(victim)).unwrap();
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(when).unwrap();
+    }
+}
+
+/// Hardening issue, item 3: `stagefs sync` reached DST by path, so a member of the lab group
+/// (DST group-writable, as lab directories on /bigdata are) who swapped `DST/sub` between a
+/// directory and a symlink to the victim's `~/.ssh` while the victim's sync ran got a file of
+/// theirs into `~/.ssh/authorized_keys` (and, with --delete, could have the victim's keys
+/// deleted). Two real users in a shared group, a swapper process of the attacker's, 100
+/// passes (every other one with --delete): the victim's home must not change at all (no file
+/// written, renamed, deleted or re-moded there, not even for a moment: its directories' times
+/// are compared too), and the swaps must really have met the passes.
+fn regression_sync_wrote_through_a_symlink_swapped_into_dst() {
+    const PASSES: usize = 100;
+    let started = std::time::Instant::now();
+    let (victim, attacker) = (test_user("stagefs-test"), test_user("stagefs-test2"));
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path();
+    std::fs::set_permissions(base, PermissionsExt::from_mode(0o755)).unwrap();
+    // Both programs where both users can run them.
+    let bin = base.join("stagefs");
+    std::fs::copy(BIN, &bin).unwrap();
+    let me = base.join("swapper");
+    std::fs::copy(std::env::current_exe().unwrap(), &me).unwrap();
+    for p in [&bin, &me] {
+        std::fs::set_permissions(p, PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    // The victim's home with its keys; the victim's job outputs on scratch.
+    let (home, ssh) = (base.join("home"), base.join("home/.ssh"));
+    std::fs::create_dir_all(&ssh).unwrap();
+    std::fs::write(ssh.join("authorized_keys"), b"ssh-ed25519 VICTIM-OWN-KEY\n").unwrap();
+    std::fs::write(ssh.join("id_ed25519"), b"VICTIM PRIVATE KEY\n").unwrap();
+    let src = base.join("scratch/out");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::set_permissions(src.join("sub"), PermissionsExt::from_mode(0o775)).unwrap();
+    for p in [
+        home.clone(),
+        ssh.clone(),
+        ssh.join("authorized_keys"),
+        ssh.join("id_ed25519"),
+        base.join("scratch"),
+        src.clone(),
+        src.join("sub"),
+    ] {
+        std::os::unix::fs::chown(&p, Some(victim), Some(victim)).unwrap();
+    }
+    std::fs::set_permissions(&ssh, PermissionsExt::from_mode(0o700)).unwrap();
+    for f in ["authorized_keys", "id_ed25519"] {
+        std::fs::set_permissions(ssh.join(f), PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    // The lab's directory, group-writable and setgid; the victim's DST in it, likewise; the
+    // attacker's own directory beside it.
+    let (lab, dst, spare) = (
+        base.join("lab"),
+        base.join("lab/dst"),
+        base.join("lab/spare"),
+    );
+    for (d, uid, mode) in [
+        (&lab, 0, 0o2775),
+        (&dst, victim, 0o2775),
+        (&spare, attacker, 0o755),
+    ] {
+        std::fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(d, Some(uid), Some(LAB_GID)).unwrap();
+        std::fs::set_permissions(d, PermissionsExt::from_mode(mode)).unwrap();
+    }
+    std::os::unix::fs::chown(&spare, Some(attacker), Some(attacker)).unwrap();
+
+    let log = base.join("sync.log");
+    let pass_as_victim = |extra: &[&str]| {
+        let err = std::fs::File::create(&log).unwrap();
+        let mut child = as_lab_member(victim, &bin)
+            .arg("sync")
+            .arg(&src)
+            .arg(&dst)
+            .args(["-q", "-j", "4"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("a pass ran over 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        (status, std::fs::read_to_string(&log).unwrap())
+    };
+
+    // A first pass before the attack: DST/sub exists as a real directory.
+    write_outputs(&src, victim, 0);
+    let (status, err) = pass_as_victim(&[]);
+    assert!(status.success(), "{err}");
+    assert!(std::fs::symlink_metadata(dst.join("sub")).unwrap().is_dir());
+    let before = snapshot(&home);
+
+    /// Kills the swapper if the test fails before stopping it.
+    struct Swapper(Option<std::process::Child>);
+    impl Drop for Swapper {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.0.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut swapper = Swapper(Some(
+        as_lab_member(attacker, &me)
+            .env(SWAPPER_ENV, base)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let (mut met, mut other, mut clean) = (0, 0, 0);
+    let mut first_other = String::new();
+    let mut outcome = Ok(());
+    for pass in 1..=PASSES {
+        write_outputs(&src, victim, pass);
+        let extra: &[&str] = if pass.is_multiple_of(2) {
+            &["--delete"]
+        } else {
+            &[]
+        };
+        let (status, err) = pass_as_victim(extra);
+        if snapshot(&home) != before {
+            outcome = Err(format!(
+                "pass {pass}: the victim's home changed through DST/sub:\n{:#?}\n(sync said: {err})",
+                snapshot(&home)
+            ));
+            break;
+        }
+        // Paths that met the swap fail, named (exit 1); so may others the attacker moved away
+        // (a directory gone by the time it is fsynced). Anything else is a bug.
+        match status.code() {
+            Some(0) => clean += 1,
+            Some(1) if err.contains("not followed") => met += 1,
+            Some(1) if err.contains("FAILED") => {
+                if other == 0 {
+                    first_other = err;
+                }
+                other += 1;
+            }
+            _ => {
+                outcome = Err(format!("pass {pass}: {status}: {err}"));
+                break;
+            }
+        }
+    }
+    std::fs::write(base.join("stop"), b"").unwrap();
+    let out = swapper.0.take().unwrap().wait_with_output().unwrap();
+    let swaps = String::from_utf8_lossy(&out.stdout).into_owned();
+    if let Err(e) = outcome {
+        panic!("{e}\n(swapper: {swaps})");
+    }
+    eprintln!(
+        "{PASSES} passes in {:.1} s: {met} refused a swapped-in symlink, {other} failed otherwise, \
+         {clean} clean; swapper: {swaps}{first_other}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        met > 0,
+        "no pass met a swap: the test proved nothing ({swaps})"
+    );
+
+    // Unattacked, a pass puts everything in place; the home is as it was.
+    let (status, err) = pass_as_victim(&["--delete"]);
+    assert!(status.success(), "{err}");
+    assert!(std::fs::symlink_metadata(dst.join("sub")).unwrap().is_dir());
+    assert_eq!(
+        std::fs::read_link(dst.join("sub/latest")).unwrap(),
+        Path::new(&format!("d{PASSES}"))
+    );
+    for rel in ["sub/authorized_keys", "sub/f3", "sub/flip", "top.log"] {
+        assert_eq!(
+            std::fs::read(dst.join(rel)).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{rel}"
+        );
+    }
+    assert_eq!(snapshot(&home), before);
+}
+
 fn main() -> std::process::ExitCode {
+    if let Some(dir) = std::env::var_os(SWAPPER_ENV) {
+        return swapper_main(Path::new(&dir));
+    }
     stagefs_test_support::run(vec![
         test!(copies_tree_keeps_mode_mtime_and_symlinks_then_skips_unchanged),
         test!(verify_catches_same_size_and_mtime_with_other_bytes),
@@ -648,5 +1031,10 @@ fn main() -> std::process::ExitCode {
             Need::Accounts
         ),
         test!(sync_without_delete_keeps_directory_in_the_way_of_a_file),
+        test!(
+            regression_sync_wrote_through_a_symlink_swapped_into_dst,
+            Need::Root,
+            Need::Accounts
+        ),
     ])
 }

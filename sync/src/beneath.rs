@@ -1,18 +1,22 @@
-//! Opening the source tree without ever following a symlink inside it.
+//! Opening a tree beneath its root descriptor without ever following a symlink inside it: SRC
+//! to read from it, DST to write into it ([`crate::dst`]).
 //!
-//! SRC is opened once per pass (the path the user gave, symlinks in it included: that path is
-//! the user's choice), and everything else is reached from that descriptor: directories are
-//! walked with `openat(O_DIRECTORY | O_NOFOLLOW)`, and a file to copy is opened with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root descriptor (Linux ≥ 5.6),
+//! A root is opened once per pass (the path the user gave, symlinks in it included: that path
+//! is the user's choice), and everything else is reached from that descriptor: directories are
+//! walked with `openat(O_DIRECTORY | O_NOFOLLOW)`, and a file or directory deeper down is opened
+//! with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root descriptor (Linux ≥ 5.6),
 //! or, where the kernel or a seccomp filter lacks `openat2`, one component at a time with
 //! `O_NOFOLLOW`. A symlink swapped in after planning — for the file or for any directory on
-//! its way — therefore fails the open (`ELOOP`) instead of leading out of SRC, and a renamed
-//! SRC path does not move the pass to another tree. Files are opened `O_NONBLOCK` so that a
-//! FIFO swapped in cannot block a copy thread; the caller checks the type after the open.
+//! its way — therefore fails the open (`ELOOP`) instead of leading out of the tree, and a
+//! renamed root path does not move the pass to another tree. Files are opened `O_NONBLOCK` so
+//! that a FIFO swapped in cannot block a copy thread; the caller checks the type after the open.
+//! Relative paths must be plain names (no `..`, no leading `/`) and shorter than `PATH_MAX`,
+//! both ways, so that the fallback (which has no length limit) behaves as `openat2` does.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -20,6 +24,9 @@ use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
 
 /// Cleared after `openat2` answered ENOSYS (or EPERM from a seccomp filter): use the fallback.
 static HAVE_OPENAT2: AtomicBool = AtomicBool::new(true);
+
+/// Longest path the kernel resolves (`openat2` answers `ENAMETOOLONG` from here on).
+const PATH_MAX: usize = libc::PATH_MAX as usize;
 
 /// Retries of `openat2` after EAGAIN (a concurrent rename somewhere in the tree).
 const EAGAIN_RETRIES: u32 = 8;
@@ -29,11 +36,12 @@ fn file_flags() -> OFlags {
     OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY
 }
 
+/// Flags for a directory: read-only (listable, fsync-able), no symlink.
 fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-/// Opens the source root directory `path` (symlinks in `path` itself are followed).
+/// Opens the root directory `path` of a tree (symlinks in `path` itself are followed).
 pub fn open_root(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         CWD,
@@ -61,8 +69,24 @@ pub fn open_file_in(dir: impl AsFd, name: &Path) -> io::Result<File> {
 /// Opens the file `rel` beneath `root` for reading without following any symlink on the way.
 /// `rel` must be a plain relative path (names only); anything else is `InvalidInput`.
 pub fn open_file_beneath(root: impl AsFd, rel: &Path) -> io::Result<File> {
-    let names: Vec<&std::ffi::OsStr> = rel
-        .components()
+    Ok(File::from(open_beneath(root.as_fd(), rel, file_flags())?))
+}
+
+/// Opens the directory `rel` beneath `root` without following any symlink on the way (the
+/// empty path is `root` itself, opened anew). `rel` must be a plain relative path.
+pub fn open_dir_beneath(root: impl AsFd, rel: &Path) -> io::Result<OwnedFd> {
+    if rel.as_os_str().is_empty() {
+        return open_dir(root, Path::new("."));
+    }
+    open_beneath(root.as_fd(), rel, dir_flags())
+}
+
+/// The names of a plain relative path, or `InvalidInput` (`ENAMETOOLONG` from `PATH_MAX` on).
+fn plain_names(rel: &Path) -> io::Result<Vec<&OsStr>> {
+    if rel.as_os_str().len() >= PATH_MAX {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    rel.components()
         .map(|c| match c {
             Component::Normal(n) => Ok(n),
             _ => Err(io::Error::new(
@@ -70,7 +94,13 @@ pub fn open_file_beneath(root: impl AsFd, rel: &Path) -> io::Result<File> {
                 format!("{} is not a plain relative path", rel.display()),
             )),
         })
-        .collect::<io::Result<_>>()?;
+        .collect()
+}
+
+/// `rel` beneath `root` opened with `flags` (which include `O_NOFOLLOW`): `openat2`, or the
+/// component-at-a-time fallback.
+fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let names = plain_names(rel)?;
     let Some((last, dirs)) = names.split_last() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty path"));
     };
@@ -79,8 +109,8 @@ pub fn open_file_beneath(root: impl AsFd, rel: &Path) -> io::Result<File> {
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
         let mut tries = 0;
         loop {
-            match rustix::fs::openat2(root.as_fd(), rel, file_flags(), Mode::empty(), resolve) {
-                Ok(fd) => return Ok(File::from(fd)),
+            match rustix::fs::openat2(root, rel, flags, Mode::empty(), resolve) {
+                Ok(fd) => return Ok(fd),
                 Err(rustix::io::Errno::AGAIN) if tries < EAGAIN_RETRIES => tries += 1,
                 Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => {
                     HAVE_OPENAT2.store(false, Ordering::Relaxed);
@@ -90,28 +120,31 @@ pub fn open_file_beneath(root: impl AsFd, rel: &Path) -> io::Result<File> {
             }
         }
     }
-    open_componentwise(root, dirs, last)
+    open_componentwise(root, dirs, last, flags)
 }
 
-/// The fallback: each directory with `O_NOFOLLOW | O_DIRECTORY`, then the file with
-/// `O_NOFOLLOW`.
+/// The fallback: each directory with `O_NOFOLLOW | O_DIRECTORY` (one descriptor open at a
+/// time besides the root: each parent is closed once its child is open), then the last name
+/// with `flags`.
 fn open_componentwise(
-    root: impl AsFd,
-    dirs: &[&std::ffi::OsStr],
-    last: &std::ffi::OsStr,
-) -> io::Result<File> {
+    root: BorrowedFd<'_>,
+    dirs: &[&OsStr],
+    last: &OsStr,
+    flags: OFlags,
+) -> io::Result<OwnedFd> {
     let mut cur: Option<OwnedFd> = None;
     for d in dirs {
         let next = match &cur {
-            None => open_dir(root.as_fd(), Path::new(d))?,
+            None => open_dir(root, Path::new(d))?,
             Some(fd) => open_dir(fd, Path::new(d))?,
         };
         cur = Some(next);
     }
-    match &cur {
-        None => open_file_in(root.as_fd(), Path::new(last)),
-        Some(fd) => open_file_in(fd, Path::new(last)),
-    }
+    let parent = match &cur {
+        None => root,
+        Some(fd) => fd.as_fd(),
+    };
+    Ok(rustix::fs::openat(parent, last, flags, Mode::empty())?)
 }
 
 /// Whether an open error means "a symlink (or a non-directory) is in the way": the tree
@@ -121,6 +154,16 @@ pub fn is_not_followed(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
     )
+}
+
+/// Runs `f` with `openat2`, then again with the component-at-a-time fallback, so that tests
+/// cover both ways. (Other tests running meanwhile may take either way: both are correct.)
+#[cfg(test)]
+pub(crate) fn both_ways(f: impl Fn()) {
+    f();
+    HAVE_OPENAT2.store(false, Ordering::Relaxed);
+    f();
+    HAVE_OPENAT2.store(true, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -139,18 +182,11 @@ mod tests {
         t
     }
 
-    fn both(f: impl Fn()) {
-        f();
-        HAVE_OPENAT2.store(false, Ordering::Relaxed);
-        f();
-        HAVE_OPENAT2.store(true, Ordering::Relaxed);
-    }
-
     #[test]
     fn opens_inside_and_refuses_every_symlink() {
         let t = tree();
         let root = open_root(&t.path().join("src")).unwrap();
-        both(|| {
+        both_ways(|| {
             let mut s = String::new();
             open_file_beneath(&root, Path::new("d/f"))
                 .unwrap()
@@ -163,6 +199,32 @@ mod tests {
             }
             let e = open_file_beneath(&root, Path::new("../secret")).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        });
+    }
+
+    #[test]
+    fn opens_directories_inside_and_refuses_every_symlink() {
+        let t = tree();
+        std::os::unix::fs::symlink(t.path(), t.path().join("src/d/updir")).unwrap();
+        let root = open_root(&t.path().join("src")).unwrap();
+        both_ways(|| {
+            let d = open_dir_beneath(&root, Path::new("d")).unwrap();
+            let mut s = String::new();
+            open_file_in(&d, Path::new("f"))
+                .unwrap()
+                .read_to_string(&mut s)
+                .unwrap();
+            assert_eq!(s, "inside");
+            // The empty path is the root itself.
+            let r = open_dir_beneath(&root, Path::new("")).unwrap();
+            assert!(open_file_in(&r, Path::new("d/f")).is_ok());
+            for rel in ["up", "up/src", "d/updir", "d/updir/src/d", "d/f"] {
+                let e = open_dir_beneath(&root, Path::new(rel)).unwrap_err();
+                assert!(is_not_followed(&e), "{rel}: {e}");
+            }
+            let long = "x/".repeat(PATH_MAX / 2);
+            let e = open_dir_beneath(&root, Path::new(&long)).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG));
         });
     }
 }

@@ -1,10 +1,13 @@
 //! The atomic copy of one file or symlink, with torn-write detection.
 //!
-//! Install protocol: create `DIR/.stagefs-tmp.*` exclusively, copy the bytes (the kernel's
-//! `copy_file_range` via `std::io::copy`), set mode and mtime, fsync, rename over the final name.
-//! The caller fsyncs the directory once per pass (the rename is atomic without it; the directory
-//! fsync only makes it durable, and one per directory instead of one per file keeps many small
-//! files fast).
+//! Install protocol: open the destination directory beneath DST's root ([`crate::dst`]), create
+//! `.stagefs-tmp.*` in it through that descriptor (`O_CREAT | O_EXCL | O_NOFOLLOW`), copy the
+//! bytes (the kernel's `copy_file_range` via `std::io::copy`), set mode and mtime, fsync, and
+//! `renameat` it over the final name from and to the same descriptor: a symlink swapped into
+//! DST after planning can neither receive the temporary nor redirect the rename. The caller
+//! fsyncs the directory once per pass (the rename is atomic without it; the directory fsync
+//! only makes it durable, and one per directory instead of one per file keeps many small files
+//! fast).
 //!
 //! Opening: the source is opened beneath the planned SRC root without following any symlink
 //! ([`crate::beneath`]) and the descriptor is checked against the plan before a byte is
@@ -32,16 +35,19 @@
 //! destination keeps its old, complete version and the next pass tries again.
 
 use crate::beneath;
+use crate::dst;
 use crate::error::FileError;
 use crate::plan::DstKind;
 use crate::stamp::Stamp;
 use crate::temp;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
+use std::fs::{File, FileTimes, Permissions};
 use std::io::{self, Read};
-use std::os::fd::AsFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long a stamp must stay unchanged before a copy trusts it (see the module note).
@@ -90,88 +96,75 @@ pub enum Outcome {
 /// Attempts at an unused random temporary name (a collision means someone planted the name).
 const CREATE_TRIES: u32 = 4;
 
-/// A temporary of this process: held (see [`temp::hold`]) until renamed into place, removed on
-/// drop otherwise.
-struct TempGuard {
-    path: Option<PathBuf>,
+/// A temporary of this process in an open destination directory: held (see [`temp::hold`])
+/// until renamed into place, removed through the same descriptor on drop otherwise.
+struct TempGuard<'d> {
+    dir: BorrowedFd<'d>,
     name: OsString,
+    /// Whether the temporary exists and is ours to remove.
+    armed: bool,
 }
 
-impl TempGuard {
-    fn new(dir: &Path, name: OsString) -> TempGuard {
+impl<'d> TempGuard<'d> {
+    fn new(dir: BorrowedFd<'d>, name: OsString) -> TempGuard<'d> {
         temp::hold(&name);
         TempGuard {
-            path: Some(dir.join(&name)),
+            dir,
             name,
+            armed: false,
         }
     }
 }
 
-impl Drop for TempGuard {
+impl Drop for TempGuard<'_> {
     fn drop(&mut self) {
-        if let Some(p) = self.path.take() {
-            let _ = fs::remove_file(p);
+        if self.armed {
+            let _ = rustix::fs::unlinkat(self.dir, self.name.as_os_str(), AtFlags::empty());
         }
         temp::release(&self.name);
     }
 }
 
-fn split(dst: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
-    match (dst.parent(), dst.file_name()) {
-        (Some(dir), Some(name)) => Ok((dir, name)),
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "destination has no parent directory",
-        )),
-    }
-}
-
-fn create_temp(dir: &Path, name: &OsStr) -> Result<(File, TempGuard), FileError> {
+/// Creates a fresh temporary for `name` in the open directory `dir`.
+fn create_temp<'d>(dir: BorrowedFd<'d>, name: &OsStr) -> Result<(File, TempGuard<'d>), FileError> {
     let mut tries = 0;
     loop {
-        let tmp = temp::temp_name(name);
         // Held before it exists, so that no concurrent pass of this process judges it stale.
-        let guard = TempGuard::new(dir, tmp);
-        let path = dir.join(&guard.name);
-        // create_new is O_CREAT | O_EXCL: never opens an existing file or follows a symlink.
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(file) => return Ok((file, guard)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries + 1 < CREATE_TRIES => {
-                // Not ours: keep the guard from removing it.
-                let mut guard = guard;
-                guard.path = None;
-                tries += 1;
+        let mut guard = TempGuard::new(dir, temp::temp_name(name));
+        // O_EXCL: never opens an existing file, nor follows a symlink planted under the name.
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(
+            dir,
+            guard.name.as_os_str(),
+            flags,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => {
+                guard.armed = true;
+                return Ok((File::from(fd), guard));
             }
+            // Not ours (someone planted the name): another random name.
+            Err(Errno::EXIST) if tries + 1 < CREATE_TRIES => tries += 1,
             Err(e) => {
-                let mut guard = guard;
-                guard.path = None;
                 return Err(FileError::io("create temporary in destination directory")(
-                    e,
-                ));
+                    e.into(),
+                ))
             }
         }
     }
 }
 
-/// Moves the temporary over `dst`, first removing a directory that occupies the name.
-fn install(guard: &mut TempGuard, dst: &Path, kind: DstKind) -> Result<(), FileError> {
+/// Moves the temporary over `name` in its directory (`renameat` within the one descriptor),
+/// first removing a directory that occupies the name.
+fn install(guard: &mut TempGuard<'_>, name: &OsStr, kind: DstKind) -> Result<(), FileError> {
     if kind == DstKind::Dir {
-        fs::remove_dir_all(dst).map_err(FileError::io("remove directory in the way"))?;
+        dst::remove_tree(guard.dir, name).map_err(FileError::dst("remove directory in the way"))?;
     }
-    let tmp = guard.path.take().ok_or(FileError::Io {
-        op: "rename into place",
-        source: io::Error::other("temporary already consumed"),
-    })?;
-    if let Err(e) = fs::rename(&tmp, dst) {
-        let _ = fs::remove_file(&tmp);
-        return Err(FileError::io("rename into place")(e));
-    }
+    // On failure the guard removes the temporary.
+    rustix::fs::renameat(guard.dir, guard.name.as_os_str(), guard.dir, name)
+        .map_err(|e| FileError::io("rename into place")(e.into()))?;
+    guard.armed = false;
     Ok(())
 }
 
@@ -190,19 +183,21 @@ fn refuse(opened: &Stamp, is_file: bool, planned: &Stamp) -> Option<String> {
     None
 }
 
-/// Copies the file `rel` beneath `root` (the source root opened for planning) to `dst`
-/// atomically. `planned`/`seen_at` are the stamp from planning and when it was taken;
-/// `progress` is called with byte counts as they are copied.
+/// Copies the file `rel` beneath `root` (the source root opened for planning) to `rel`
+/// beneath `dst_root` (the destination root opened for planning) atomically.
+/// `planned`/`seen_at` are the stamp from planning and when it was taken; `progress` is called
+/// with byte counts as they are copied.
 pub fn copy_file(
     root: impl AsFd,
     rel: &Path,
-    dst: &Path,
+    dst_root: impl AsFd,
     kind: DstKind,
     planned: Stamp,
     seen_at: Instant,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Outcome, FileError> {
-    let (dir, name) = split(dst).map_err(FileError::io("destination path"))?;
+    let (dir, name) =
+        dst::open_parent(dst_root, rel).map_err(FileError::dst("open destination directory"))?;
     let mut witness = Some((planned, seen_at));
     let mut backoff = FIRST_BACKOFF;
     for attempt in 0..MAX_ATTEMPTS {
@@ -230,7 +225,7 @@ pub fn copy_file(
         let Some(before) = settle(&source, &mut witness)? else {
             continue;
         };
-        let (mut tmp, mut guard) = create_temp(dir, name)?;
+        let (mut tmp, mut guard) = create_temp(dir.as_fd(), name)?;
         let mut copied = 0u64;
         loop {
             let n = io::copy(&mut (&mut source).take(CHUNK), &mut tmp)
@@ -256,7 +251,7 @@ pub fn copy_file(
         tmp.set_times(times).map_err(FileError::io("set mtime"))?;
         tmp.sync_all().map_err(FileError::io("fsync"))?;
         drop(tmp);
-        install(&mut guard, dst, kind)?;
+        install(&mut guard, name, kind)?;
         return Ok(Outcome::Copied(Copied {
             bytes: copied,
             retries: attempt,
@@ -297,22 +292,22 @@ fn settle(
     }
 }
 
-/// Makes `dst` a symlink to `target` atomically (link under a temporary name, then rename).
-pub fn copy_symlink(target: &Path, dst: &Path, kind: DstKind) -> Result<(), FileError> {
-    let (dir, name) = split(dst).map_err(FileError::io("destination path"))?;
-    let mut guard = TempGuard::new(dir, temp::temp_name(name));
-    let tmp = dir.join(&guard.name);
-    // symlink(2) fails on an existing name: like O_EXCL.
-    if let Err(e) = std::os::unix::fs::symlink(target, &tmp) {
-        guard.path = None;
-        return Err(FileError::io("create symlink")(e));
-    }
-    install(&mut guard, dst, kind)
-}
-
-/// Fsyncs a directory so that renames and creations in it are durable.
-pub fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+/// Makes `rel` beneath `dst_root` a symlink to `target` atomically (link under a temporary
+/// name, then `renameat`, both in the one directory descriptor).
+pub fn copy_symlink(
+    target: &Path,
+    dst_root: impl AsFd,
+    rel: &Path,
+    kind: DstKind,
+) -> Result<(), FileError> {
+    let (dir, name) =
+        dst::open_parent(dst_root, rel).map_err(FileError::dst("open destination directory"))?;
+    let mut guard = TempGuard::new(dir.as_fd(), temp::temp_name(name));
+    // symlinkat(2) fails on an existing name: like O_EXCL.
+    rustix::fs::symlinkat(target, &dir, guard.name.as_os_str())
+        .map_err(|e| FileError::io("create symlink")(e.into()))?;
+    guard.armed = true;
+    install(&mut guard, name, kind)
 }
 
 #[cfg(test)]
@@ -322,8 +317,20 @@ mod tests {
     use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    fn root(t: &tempfile::TempDir) -> std::os::fd::OwnedFd {
-        beneath::open_root(t.path()).unwrap()
+    use std::os::fd::OwnedFd;
+    use std::path::PathBuf;
+
+    /// `t/s/f` (the source file, not yet written) and `t/d/f` (its destination), with the two
+    /// roots opened.
+    fn roots(t: &tempfile::TempDir) -> (PathBuf, PathBuf, OwnedFd, OwnedFd) {
+        let (s, d) = (t.path().join("s"), t.path().join("d"));
+        std::fs::create_dir_all(&s).unwrap();
+        std::fs::create_dir_all(&d).unwrap();
+        let (sr, dr) = (
+            beneath::open_root(&s).unwrap(),
+            beneath::open_root(&d).unwrap(),
+        );
+        (s.join("f"), d.join("f"), sr, dr)
     }
 
     fn dated(path: &Path, secs_ago: u64) -> Stamp {
@@ -339,7 +346,7 @@ mod tests {
     #[test]
     fn change_during_copy_is_retried_not_installed() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        let (src, dst, sroot, droot) = roots(&t);
         std::fs::write(&src, vec![1u8; 3 * CHUNK as usize]).unwrap();
         let planned = dated(&src, 10);
         let appended = AtomicBool::new(false);
@@ -350,9 +357,9 @@ mod tests {
             }
         };
         let out = copy_file(
-            root(&t),
-            Path::new("src"),
-            &dst,
+            &sroot,
+            Path::new("f"),
+            &droot,
             DstKind::Missing,
             planned,
             Instant::now(),
@@ -365,15 +372,15 @@ mod tests {
         assert_eq!(c.retries, 1);
         assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
         // No temporaries were left behind by the discarded attempt.
-        let names: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
-        assert_eq!(names.len(), 2);
+        let names: Vec<_> = std::fs::read_dir(dst.parent().unwrap()).unwrap().collect();
+        assert_eq!(names.len(), 1);
     }
 
     /// A file still changing through every attempt is reported, and nothing is installed.
     #[test]
     fn file_that_never_settles_fails_and_keeps_old_version() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        let (src, dst, sroot, droot) = roots(&t);
         std::fs::write(&src, b"new").unwrap();
         std::fs::write(&dst, b"old").unwrap();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -389,9 +396,9 @@ mod tests {
         };
         let stamp = Stamp::of(&std::fs::metadata(&src).unwrap());
         let r = copy_file(
-            root(&t),
-            Path::new("src"),
-            &dst,
+            &sroot,
+            Path::new("f"),
+            &droot,
             DstKind::Other,
             stamp,
             Instant::now(),
@@ -401,20 +408,20 @@ mod tests {
         writer.join().unwrap();
         assert!(matches!(r, Err(FileError::KeptChanging { .. })), "{r:?}");
         assert_eq!(std::fs::read(&dst).unwrap(), b"old");
-        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 2);
+        assert_eq!(std::fs::read_dir(dst.parent().unwrap()).unwrap().count(), 1);
     }
 
     #[test]
     fn mode_and_mtime_are_kept() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+        let (src, dst, sroot, droot) = roots(&t);
         std::fs::write(&src, b"x").unwrap();
         std::fs::set_permissions(&src, Permissions::from_mode(0o640)).unwrap();
         let stamp = dated(&src, 100);
         copy_file(
-            root(&t),
-            Path::new("src"),
-            &dst,
+            &sroot,
+            Path::new("f"),
+            &droot,
             DstKind::Missing,
             stamp,
             Instant::now(),

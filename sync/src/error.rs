@@ -67,6 +67,19 @@ pub enum FileError {
         #[source]
         source: std::io::Error,
     },
+    /// A symlink (or a non-directory) is on a destination path: swapped in after planning.
+    /// Nothing was followed, and nothing was done there.
+    #[error(
+        "{op}: a symlink or non-directory is now on its path in DST (swapped in after \
+         planning?): {source}; not followed, nothing done there"
+    )]
+    NotFollowed {
+        /// What was being done.
+        op: &'static str,
+        /// The error of the open that refused it (`ELOOP`, `ENOTDIR`).
+        #[source]
+        source: std::io::Error,
+    },
     /// The source kept changing during every copy attempt.
     #[error(
         "changed while being copied in all {attempts} attempts (still being written?); \
@@ -82,5 +95,17 @@ impl FileError {
     /// Wraps an I/O error with the operation that failed.
     pub fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
         move |source| FileError::Io { op, source }
+    }
+
+    /// Like [`FileError::io`] for an operation in DST: a refused symlink or non-directory on
+    /// the way becomes [`FileError::NotFollowed`], which says why.
+    pub fn dst(op: &'static str) -> impl FnOnce(std::io::Error) -> FileError {
+        move |source| {
+            if crate::beneath::is_not_followed(&source) {
+                FileError::NotFollowed { op, source }
+            } else {
+                FileError::Io { op, source }
+            }
+        }
     }
 }

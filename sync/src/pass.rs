@@ -1,17 +1,20 @@
 //! Running a pass: remove stale temporaries, create directories, copy files and links in
 //! parallel on a rayon pool, delete extras, then fsync every directory that changed.
 //!
+//! Every change to DST is made through descriptors beneath the DST root the plan opened
+//! ([`crate::dst`]); paths are only kept relative to it, for bookkeeping and messages.
+//!
 //! Failures of single paths never stop the pass: they are collected in the [`Report`] so that the
 //! caller can name all of them and exit non-zero.
 
 use crate::copy::{self, Outcome};
+use crate::dst;
 use crate::error::{FileError, SyncError};
 use crate::plan::{self, Plan};
 use rayon::prelude::*;
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::fd::AsFd;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -179,16 +182,17 @@ impl Syncer {
             failed: plan.refused.clone(),
             ..Report::default()
         };
-        let Some(root) = plan.src_root.clone() else {
+        let (Some(root), Some(dst_root)) = (plan.src_root.clone(), plan.dst_root.clone()) else {
             report.failed.push((
                 PathBuf::new(),
-                "internal: plan has no source root descriptor".into(),
+                "internal: plan has no root descriptors".into(),
             ));
             return report;
         };
+        // Directories (relative to DST) whose entries changed: fsynced at the end.
         let touched: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
-        let touch = |p: &Path| {
-            if let Some(parent) = p.parent() {
+        let touch = |rel: &Path| {
+            if let Some(parent) = rel.parent() {
                 if let Ok(mut t) = touched.lock() {
                     t.insert(parent.to_path_buf());
                 }
@@ -196,26 +200,26 @@ impl Syncer {
         };
 
         for tmp in &plan.stale_temps {
-            match fs::remove_file(tmp) {
-                Ok(()) => {
+            match dst::remove(dst_root.as_fd(), tmp) {
+                Ok(true) => {
                     report.temps_removed += 1;
                     touch(tmp);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => report
-                    .failed
-                    .push((tmp.clone(), format!("remove leftover temporary: {e}"))),
+                Ok(false) => {}
+                Err(e) => report.failed.push((
+                    tmp.clone(),
+                    FileError::dst("remove leftover temporary")(e).to_string(),
+                )),
             }
         }
 
         let mut failed_dirs: Vec<PathBuf> = Vec::new();
         for d in &plan.dirs {
-            let path = plan.dst.join(&d.rel);
             if failed_dirs.iter().any(|f| d.rel.starts_with(f)) {
                 continue;
             }
-            match make_dir(&path, d.replace, d.mode) {
-                Ok(()) => touch(&path),
+            match dst::make_dir(dst_root.as_fd(), &d.rel, d.mode, d.replace) {
+                Ok(()) => touch(&d.rel),
                 Err(e) => {
                     report.failed.push((d.rel.clone(), e.to_string()));
                     failed_dirs.push(d.rel.clone());
@@ -234,18 +238,17 @@ impl Syncer {
                 .par_iter()
                 .filter(|f| !under_failed(&f.rel))
                 .map(|f| {
-                    let dst = plan.dst.join(&f.rel);
                     let r = copy::copy_file(
                         root.as_fd(),
                         &f.rel,
-                        &dst,
+                        dst_root.as_fd(),
                         f.dst,
                         f.stamp,
                         f.seen_at,
                         progress,
                     );
                     if matches!(r, Ok(Outcome::Copied(_))) {
-                        touch(&dst);
+                        touch(&f.rel);
                     }
                     (f.rel.clone(), Done::File(r))
                 });
@@ -254,10 +257,9 @@ impl Syncer {
                 .par_iter()
                 .filter(|l| !under_failed(&l.rel))
                 .map(|l| {
-                    let dst = plan.dst.join(&l.rel);
-                    let r = copy::copy_symlink(&l.target, &dst, l.dst);
+                    let r = copy::copy_symlink(&l.target, dst_root.as_fd(), &l.rel, l.dst);
                     if r.is_ok() {
-                        touch(&dst);
+                        touch(&l.rel);
                     }
                     (l.rel.clone(), Done::Link(r))
                 });
@@ -285,34 +287,29 @@ impl Syncer {
         let mut deletes = plan.deletes.clone();
         deletes.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for rel in deletes {
-            let path = plan.dst.join(&rel);
-            let r = match fs::symlink_metadata(&path) {
-                Ok(m) if m.is_dir() => fs::remove_dir_all(&path),
-                Ok(_) => fs::remove_file(&path),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            };
-            match r {
-                Ok(()) => {
+            match dst::remove(dst_root.as_fd(), &rel) {
+                Ok(_) => {
                     report.deleted += 1;
-                    touch(&path);
+                    touch(&rel);
                 }
-                Err(e) => report.failed.push((rel, format!("delete: {e}"))),
+                Err(e) => {
+                    let e = FileError::dst("delete")(e);
+                    report.failed.push((rel, e.to_string()));
+                }
             }
         }
 
         let dirs = touched.into_inner().unwrap_or_default();
-        let dir_results: Vec<(PathBuf, std::io::Result<()>)> = self.pool.install(|| {
+        let dir_results: Vec<(PathBuf, Result<(), FileError>)> = self.pool.install(|| {
             dirs.into_par_iter()
                 .map(|d| {
-                    let r = copy::fsync_dir(&d);
+                    let r = dst::fsync_dir(dst_root.as_fd(), &d);
                     (d, r)
                 })
                 .collect()
         });
-        for (d, r) in dir_results {
+        for (rel, r) in dir_results {
             if let Err(e) = r {
-                let rel = d.strip_prefix(&plan.dst).unwrap_or(&d).to_path_buf();
                 report.failed.push((
                     rel,
                     format!("fsync directory: {e} (renames may not be durable)"),
@@ -356,26 +353,12 @@ fn canonical_maybe_missing(p: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
-fn make_dir(path: &Path, replace: bool, mode: u32) -> Result<(), FileError> {
-    if replace {
-        fs::remove_file(path).map_err(FileError::io("remove file in the way of a directory"))?;
-    }
-    match fs::create_dir(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => {}
-        Err(e) => return Err(FileError::io("create directory")(e)),
-    }
-    // Keep the owner able to write into it, or the copies into it would fail.
-    fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o700))
-        .map_err(FileError::io("set directory mode"))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)
 mod tests {
     //! The source changing between planning and copying: plan, change the tree, execute.
     use super::*;
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::time::SystemTime;
 
     struct Tree {
@@ -517,5 +500,81 @@ mod tests {
         let r = s.execute(plan, &|_| {});
         assert!(skipped_why(&r, "g").contains("another owner"), "{r:?}");
         assert!(fs::symlink_metadata(t.dst.join("g")).is_err());
+    }
+
+    /// Everything under `dir` (names, modes, contents), to compare before and after.
+    fn contents(dir: &Path) -> Vec<(PathBuf, u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            let m = fs::symlink_metadata(&d).unwrap();
+            out.push((d.clone(), m.mode(), Vec::new()));
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = fs::symlink_metadata(&p).unwrap();
+                if m.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push((p.clone(), m.mode(), fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Hardening issue, item 3, without a race: DST/d is swapped for a symlink to a directory
+    /// outside DST between planning and executing. Nothing is created, written, re-moded or
+    /// deleted there; the paths fail, named; the next pass replaces the link by a directory.
+    #[test]
+    fn destination_directory_swapped_for_symlink_after_planning_is_not_written_through() {
+        crate::beneath::both_ways(|| {
+            let t = tree();
+            let s = Syncer::new(SyncOptions {
+                jobs: 2,
+                delete: true,
+                ..SyncOptions::default()
+            })
+            .unwrap();
+            let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
+            assert!(r.ok(), "{r:?}");
+            // Work for the next pass under d: a new version, a new directory, an extra to delete.
+            fs::write(t.src.join("d/f"), "new f").unwrap();
+            age(&t.src.join("d/f"));
+            fs::create_dir(t.src.join("d/e")).unwrap();
+            fs::write(t.src.join("d/e/h"), "h").unwrap();
+            age(&t.src.join("d/e/h"));
+            std::os::unix::fs::symlink("g", t.src.join("d/l")).unwrap();
+            fs::write(t.dst.join("d/extra"), "extra").unwrap();
+            let outside = t.secret.parent().unwrap().join("outside");
+            fs::create_dir_all(&outside).unwrap();
+            fs::set_permissions(&outside, fs::Permissions::from_mode(0o700)).unwrap();
+            for name in ["f", "extra"] {
+                fs::write(outside.join(name), "SECRET outside DST").unwrap();
+            }
+            let before = contents(&outside);
+
+            let plan = s.plan(&t.src, &t.dst).unwrap();
+            fs::rename(t.dst.join("d"), t.dst.join("d.moved")).unwrap();
+            std::os::unix::fs::symlink(&outside, t.dst.join("d")).unwrap();
+            let r = s.execute(plan, &|_| {});
+            assert_eq!(contents(&outside), before);
+            let failed: Vec<&Path> = r.failed.iter().map(|(p, _)| p.as_path()).collect();
+            for rel in ["d/e", "d/f", "d/l", "d/extra"] {
+                assert!(failed.contains(&Path::new(rel)), "{rel}: {r:?}");
+            }
+            assert!(
+                r.failed.iter().all(|(_, why)| why.contains("not followed")),
+                "{r:?}"
+            );
+
+            let r = s.sync(&t.src, &t.dst, &|_| {}).unwrap();
+            assert!(r.ok(), "{r:?}");
+            assert_eq!(contents(&outside), before);
+            assert!(fs::symlink_metadata(t.dst.join("d")).unwrap().is_dir());
+            assert_eq!(fs::read_to_string(t.dst.join("d/f")).unwrap(), "new f");
+            assert_eq!(fs::read_to_string(t.dst.join("d/e/h")).unwrap(), "h");
+            assert!(!t.dst.join("d.moved").exists());
+        });
     }
 }

@@ -1,10 +1,15 @@
 //! Planning a pass: walk SRC and DST side by side and list what must change.
 //!
-//! SRC is walked through directory descriptors ([`crate::beneath`]): each subdirectory is
-//! opened `O_NOFOLLOW` from its parent and entries are `fstatat`'ed without following, so a
-//! directory swapped for a symlink during the walk is refused, never listed. Symlinks are never
+//! SRC and DST are walked side by side through directory descriptors ([`crate::beneath`]):
+//! both roots are opened once, each subdirectory is opened `O_NOFOLLOW` from its parent and
+//! entries are `fstatat`'ed without following, so a directory swapped for a symlink during the
+//! walk is refused, never listed (in DST, a symlink where SRC has a directory is planned to be
+//! replaced by a directory, never entered). The root descriptors go into the [`Plan`]: the pass
+//! reaches both trees only beneath them ([`crate::copy`], [`crate::dst`]). Symlinks are never
 //! followed (a link in SRC becomes the same link in DST). Entries that are neither files,
-//! directories nor symlinks (sockets, FIFOs, devices) are skipped and reported.
+//! directories nor symlinks (sockets, FIFOs, devices) are skipped and reported. The walk holds
+//! two descriptors per directory level it is in (SRC's and DST's), closed as it comes back up:
+//! bounded by the depth, not by the number of files.
 //!
 //! Stagefs temporaries (exactly stagefs's own name pattern, [`crate::temp`]) in SRC are
 //! ignored; in DST they are listed for removal when [`temp::judge`] finds them stale. Files
@@ -21,7 +26,7 @@ use crate::beneath;
 use crate::error::SyncError;
 use crate::stamp::Stamp;
 use crate::temp;
-use rustix::fs::{AtFlags, FileType};
+use rustix::fs::{AtFlags, FileType, Stat};
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -87,6 +92,8 @@ pub struct Plan {
     pub dst: PathBuf,
     /// The source root as opened for planning; copies open their files beneath it.
     pub src_root: Option<Arc<OwnedFd>>,
+    /// The destination root as opened for planning; every change to DST is made beneath it.
+    pub dst_root: Option<Arc<OwnedFd>>,
     /// Directories to create, parents before children.
     pub dirs: Vec<DirCreate>,
     /// Files to copy.
@@ -95,7 +102,7 @@ pub struct Plan {
     pub links: Vec<LinkCopy>,
     /// Destination paths absent from the source (only with `delete`).
     pub deletes: Vec<PathBuf>,
-    /// Leftover temporaries to remove (absolute paths).
+    /// Leftover temporaries to remove (relative to the roots).
     pub stale_temps: Vec<PathBuf>,
     /// Entries already up to date.
     pub unchanged: u64,
@@ -127,13 +134,16 @@ pub struct PlanOptions {
 pub fn build(src: &Path, dst: &Path, opts: &PlanOptions) -> Result<Plan, SyncError> {
     let root = beneath::open_root(src).map_err(io_err("open source directory", src))?;
     let root = Arc::new(root);
+    let dst_root = beneath::open_root(dst).map_err(io_err("open destination directory", dst))?;
+    let dst_root = Arc::new(dst_root);
     let mut plan = Plan {
         src: src.to_path_buf(),
         dst: dst.to_path_buf(),
         src_root: Some(root.clone()),
+        dst_root: Some(dst_root.clone()),
         ..Plan::default()
     };
-    walk(&mut plan, &root, Path::new(""), opts, true)?;
+    walk(&mut plan, &root, Path::new(""), opts, Some(&dst_root))?;
     Ok(plan)
 }
 
@@ -142,10 +152,10 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SyncE
     move |source| SyncError::Io { op, path, source }
 }
 
-fn dst_kind(meta: Option<&fs::Metadata>) -> DstKind {
-    match meta {
+fn dst_kind(st: Option<&Stat>) -> DstKind {
+    match st.map(|st| FileType::from_raw_mode(st.st_mode)) {
         None => DstKind::Missing,
-        Some(m) if m.is_dir() => DstKind::Dir,
+        Some(FileType::Directory) => DstKind::Dir,
         Some(_) => DstKind::Other,
     }
 }
@@ -167,16 +177,17 @@ fn list(dir: &OwnedFd, path: &Path) -> Result<Vec<OsString>, SyncError> {
     Ok(names)
 }
 
-/// Plans directory `rel` (open as `dir`); `dst_exists` says whether DST/rel is a directory.
+/// Plans directory `rel` (open as `dir`); `dst_dir` is DST/rel opened (`None`: not a
+/// directory in DST, so everything in it is to be created).
 fn walk(
     plan: &mut Plan,
     dir: &OwnedFd,
     rel: &Path,
     opts: &PlanOptions,
-    dst_exists: bool,
+    dst_dir: Option<&OwnedFd>,
 ) -> Result<(), SyncError> {
     let src_dir = plan.src.join(rel);
-    let dst_dir = plan.dst.join(rel);
+    let dst_dir_path = plan.dst.join(rel);
     let names = list(dir, &src_dir)?;
     let mut seen: HashSet<OsString> = HashSet::with_capacity(names.len());
     for name in names {
@@ -196,12 +207,10 @@ fn walk(
             Err(e) => return Err(io_err("stat", &src_path)(e.into())),
         };
         seen.insert(name.clone());
-        let dst_meta = if dst_exists {
-            fs::symlink_metadata(&dst_path).ok()
-        } else {
-            None
-        };
-        let kind = dst_kind(dst_meta.as_ref());
+        // Not following: a symlink in DST is an entry to replace, never a way elsewhere.
+        let dst_st = dst_dir
+            .and_then(|d| rustix::fs::statat(d, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).ok());
+        let mut kind = dst_kind(dst_st.as_ref());
         let ft = FileType::from_raw_mode(st.st_mode);
         let stamp = Stamp::from_stat(&st);
         if let Some(protect) = &opts.protect {
@@ -251,25 +260,47 @@ fn walk(
                     }
                     Err(e) => return Err(io_err("open directory", &src_path)(e)),
                 };
-                let exists = kind == DstKind::Dir;
-                if !exists {
+                let dst_sub = match dst_dir {
+                    Some(d) if kind == DstKind::Dir => {
+                        match beneath::open_dir(d, Path::new(&name)) {
+                            Ok(sub) => Some(sub),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                                kind = DstKind::Missing;
+                                None
+                            }
+                            // Swapped for a link or file since the stat: replaced like one.
+                            Err(e) if beneath::is_not_followed(&e) => {
+                                kind = DstKind::Other;
+                                None
+                            }
+                            Err(e) => {
+                                return Err(io_err("open destination directory", &dst_path)(e))
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if dst_sub.is_none() {
                     plan.dirs.push(DirCreate {
                         rel: rel_path.clone(),
                         mode: stamp.mode,
                         replace: kind == DstKind::Other,
                     });
                 }
-                walk(plan, &sub, &rel_path, opts, exists)?;
+                walk(plan, &sub, &rel_path, opts, dst_sub.as_ref())?;
             }
             FileType::Symlink => {
                 let target = match rustix::fs::readlinkat(dir, name.as_os_str(), Vec::new()) {
                     Ok(t) => PathBuf::from(OsStr::from_bytes(t.to_bytes())),
                     Err(e) => return Err(io_err("read link", &src_path)(e.into())),
                 };
-                let same = dst_meta
+                let same = dst_st
                     .as_ref()
-                    .is_some_and(|m| m.file_type().is_symlink())
-                    && fs::read_link(&dst_path).ok().as_deref() == Some(target.as_path());
+                    .is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink)
+                    && dst_dir.is_some_and(|d| {
+                        rustix::fs::readlinkat(d, name.as_os_str(), Vec::new())
+                            .is_ok_and(|t| t.as_bytes() == target.as_os_str().as_bytes())
+                    });
                 if same {
                     plan.unchanged += 1;
                 } else {
@@ -282,10 +313,13 @@ fn walk(
             }
             FileType::RegularFile => {
                 let seen_at = Instant::now();
-                let same = dst_meta.as_ref().is_some_and(|m| {
-                    let d = Stamp::of(m);
-                    m.file_type().is_file() && stamp.same_version(&d) && stamp.copy_mode() == d.mode
-                }) && (!opts.verify || same_src_dst(dir, &name, &dst_path));
+                let same = dst_st.as_ref().is_some_and(|st| {
+                    let d = Stamp::from_stat(st);
+                    FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                        && stamp.same_version(&d)
+                        && stamp.copy_mode() == d.mode
+                }) && (!opts.verify
+                    || dst_dir.is_some_and(|d| same_src_dst(dir, &name, d)));
                 if same {
                     plan.unchanged += 1;
                 } else {
@@ -303,44 +337,48 @@ fn walk(
             )),
         }
     }
-    if dst_exists {
-        scan_dst_extras(plan, rel, &dst_dir, &seen, opts.delete)?;
+    if let Some(d) = dst_dir {
+        scan_dst_extras(plan, rel, d, &dst_dir_path, &seen, opts.delete)?;
     }
     Ok(())
 }
 
-/// `--verify`: whether SRC's `name` in `dir` (opened without following) has DST's bytes.
-fn same_src_dst(dir: &OwnedFd, name: &OsStr, dst: &Path) -> bool {
-    let Ok(src) = beneath::open_file_in(dir, Path::new(name)) else {
-        return false;
+/// `--verify`: whether SRC's `name` in `dir` has the bytes of DST's `name` in `dst_dir` (both
+/// opened without following, both regular files).
+fn same_src_dst(dir: &OwnedFd, name: &OsStr, dst_dir: &OwnedFd) -> bool {
+    let open = |d: &OwnedFd| {
+        beneath::open_file_in(d, Path::new(name))
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
     };
-    if !src.metadata().is_ok_and(|m| m.is_file()) {
-        return false;
+    match (open(dir), open(dst_dir)) {
+        (Some(src), Some(dst)) => same_bytes(src, dst).unwrap_or(false),
+        _ => false,
     }
-    fs::File::open(dst)
-        .and_then(|d| same_bytes(src, d))
-        .unwrap_or(false)
 }
 
-/// Lists leftover temporaries and (with `delete`) entries SRC no longer has.
+/// Lists leftover temporaries and (with `delete`) entries SRC no longer has in DST's
+/// directory `rel`, open as `dst_dir` (at `dst_path`, for messages).
 fn scan_dst_extras(
     plan: &mut Plan,
     rel: &Path,
-    dst_dir: &Path,
+    dst_dir: &OwnedFd,
+    dst_path: &Path,
     seen: &HashSet<OsString>,
     delete: bool,
 ) -> Result<(), SyncError> {
     let now = SystemTime::now();
-    for entry in fs::read_dir(dst_dir).map_err(io_err("read directory", dst_dir))? {
-        let entry = entry.map_err(io_err("read directory", dst_dir))?;
-        let name = entry.file_name();
+    for name in list(dst_dir, dst_path)? {
         if let Some(t) = temp::parse(&name) {
-            // DirEntry::metadata does not follow symlinks (a temporary may be a link).
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
+            // Not following: a temporary may be a link.
+            let Ok(st) = rustix::fs::statat(dst_dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
+                continue;
+            };
+            if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
                 continue;
             }
-            let changed = Stamp::of(&meta);
+            let changed = Stamp::from_stat(&st);
             let ctime = SystemTime::UNIX_EPOCH
                 + std::time::Duration::new(
                     u64::try_from(changed.ctime_sec).unwrap_or(0),
@@ -348,7 +386,7 @@ fn scan_dst_extras(
                 );
             let age = now.duration_since(ctime).ok();
             if temp::judge(&name, &t, age) == temp::Verdict::Stale {
-                plan.stale_temps.push(dst_dir.join(&name));
+                plan.stale_temps.push(rel.join(&name));
             }
         } else if delete && !seen.contains(&name) {
             plan.deletes.push(rel.join(&name));
