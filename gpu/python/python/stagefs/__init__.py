@@ -141,6 +141,11 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+def _is_int(v) -> bool:
+    """An integer of a saved state (``bool`` is an ``int`` to Python, not to a state)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _fingerprint(path: str) -> dict:
     """A file's identity for ``load_state_dict``: its size and a CRC-32 of its first and last
     ``_FINGERPRINT_BYTES`` (the ``.npy`` header and the first and last rows). Not its mtime or
@@ -333,6 +338,17 @@ class Loader:
             raise ValueError(
                 f"this state is for {len(theirs) if isinstance(theirs, list) else '?'} files, "
                 f"this loader reads {len(mine)}: {self.paths}")
+        for i, b in enumerate(theirs):
+            if not isinstance(b, dict) or not all(
+                    _is_int(b.get(k)) for k in ("size", "crc32")):
+                raise ValueError(
+                    f"not a stagefs.Loader state: files[{i}] should be a dict with integer "
+                    f"'size' and 'crc32', got {b!r:.200}")
+        for key in ("epoch", "start"):
+            if not _is_int(state.get(key)):
+                raise ValueError(
+                    f"not a stagefs.Loader state: {key!r} should be an integer, "
+                    f"got {state.get(key)!r:.200}")
         for path, a, b in zip(self.paths, mine, theirs):
             if (a["size"], a["crc32"]) != (b.get("size"), b.get("crc32")):
                 raise ValueError(
