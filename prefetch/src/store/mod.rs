@@ -91,6 +91,8 @@ struct Inner {
     active: u32,
     next_own: u32,
     snapshot: u128,
+    /// The capacity given, and the state of a scratch that ran out of space.
+    full: scratch::Full,
 }
 
 /// The scratch cache.
@@ -160,6 +162,10 @@ impl CacheStore {
                 active: 0,
                 next_own: 1,
                 snapshot: 0,
+                full: scratch::Full {
+                    configured: cfg.capacity,
+                    ..Default::default()
+                },
             }),
             log: Mutex::new(Log {
                 file,
@@ -277,6 +283,7 @@ impl CacheStore {
             let own = e.own_file;
             let space = aligned(len);
             let inner = &mut *inner;
+            self.recheck_full(inner);
             if !self.make_room(inner, space) {
                 return false;
             }
@@ -307,7 +314,10 @@ impl CacheStore {
         };
         let off = u64::from(loc.off4k) * scratch::ALIGN;
         let space = aligned(len);
-        if let Err(err) = file.write_all_at(data, off) {
+        // Space first, then the bytes: a block whose space or write failed is never recorded.
+        if let Err(err) =
+            scratch::allocate(&file, off, space).and_then(|()| file.write_all_at(data, off))
+        {
             punch_hole(&file, off, space);
             let mut inner = lock(&self.inner);
             inner.evict.remove(lru_key(id, slot));
