@@ -331,9 +331,7 @@ impl CacheDir {
                     // A daemon killed a moment ago holds its lock until its exit ends (a
                     // remount right after `stagefs umount` of it was refused): wait for that,
                     // bounded; a live holder is refused at once.
-                    if pid.is_some_and(process_is_exiting)
-                        && std::time::Instant::now() < deadline
-                    {
+                    if pid.is_some_and(process_is_exiting) && std::time::Instant::now() < deadline {
                         std::thread::sleep(std::time::Duration::from_millis(20));
                         continue;
                     }
@@ -411,12 +409,18 @@ mod tests {
             .unwrap()
             .success()
         {
-            assert!(std::time::Instant::now() < held, "flock(1) never took the lock");
+            assert!(
+                std::time::Instant::now() < held,
+                "flock(1) never took the lock"
+            );
         }
         std::fs::write(&lock, format!("{}\n", holder.id())).unwrap();
         holder.kill().unwrap();
         holder.wait().unwrap();
-        assert!(process_is_exiting(holder.id()), "a reaped process counts as gone");
+        assert!(
+            process_is_exiting(holder.id()),
+            "a reaped process counts as gone"
+        );
         let t = std::time::Instant::now();
         let _lock = dir.lock().expect("taken once the last descriptor closes");
         assert!(t.elapsed() < LOCK_EXIT_WAIT, "{:?}", t.elapsed());
