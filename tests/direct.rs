@@ -1,7 +1,7 @@
 //! Direct reads of unmodified programs under `stagefs run` (the preload library
 //! `libstagefs_direct.so`, `direct/preload`): a C program as a normal user, Python threads and
 //! fork/spawn workers, a static binary (falls back), `--no-direct`, and a daemon killed while a
-//! preloaded program reads (nothing hangs).
+//! preloaded program reads (nothing hangs); `stagefs.Loader`'s core reading `.npy` files direct.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 mod common;
@@ -310,6 +310,88 @@ fn killed_daemon_under_a_preloaded_program_hangs_nothing() {
     m.umount();
 }
 
+/// A `.npy` of `rows` rows of `row_bytes` bytes, row r filled with (r * 7 + i) % 251.
+fn npy_rows(path: &Path, rows: u64, row_bytes: u64) {
+    use stagefs_npy::{DType, NpyHeader};
+    let mut file = NpyHeader::new(DType::U8, vec![rows, row_bytes]).encode();
+    for r in 0..rows {
+        file.extend((0..row_bytes).map(|i| ((r * 7 + i) % 251) as u8));
+    }
+    fs::write(path, file).unwrap();
+}
+
+/// `stagefs.Loader`'s core over a mount: a staged, verified large `.npy` is read through a
+/// direct descriptor (the daemon counts it) with every batch exact; a small file falls back
+/// with its reason; `direct: false` asks nothing.
+fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
+    use stagefs_gpu::{CpuDevice, Loader, LoaderConfig, Source};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let src = t.join("src");
+    fs::create_dir_all(&src).unwrap();
+    let (rows, big_row, small_row) = (600u64, 20_000u64, 4u64);
+    npy_rows(&src.join("x.npy"), rows, big_row);
+    npy_rows(&src.join("y.npy"), rows, small_row);
+    let m = Mount::new(t, &src, &[]);
+    let (x, y) = (m.mnt.join("x.npy"), m.mnt.join("y.npy"));
+    let config = |direct| LoaderConfig {
+        batch_size: 64,
+        shuffle: true,
+        seed: 3,
+        direct,
+        ..LoaderConfig::default()
+    };
+    let loader = |direct| {
+        let sources = vec![Source::npy(&x).unwrap(), Source::npy(&y).unwrap()];
+        Loader::new(Arc::new(CpuDevice::new()), sources, config(direct)).unwrap()
+    };
+    // Staged by reading it, then verified on the first refused direct open.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let l = loop {
+        let _ = fs::read(&x).unwrap();
+        let l = loader(true);
+        if l.direct_status()[0].1.is_none() {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never direct: {:?}",
+            l.direct_status()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let status = l.direct_status();
+    assert_eq!(status[0].0, x);
+    assert_eq!(
+        status[1].1.as_deref(),
+        Some("a small file packed in a segment")
+    );
+    let row = |r: u64, rb: u64| (0..rb).map(move |i| ((r * 7 + i) % 251) as u8);
+    let order = l.order(0);
+    let mut seen = 0;
+    for (i, batch) in l.epoch(0).unwrap().enumerate() {
+        let batch = batch.unwrap();
+        assert_eq!(
+            batch.rows(),
+            &order[i * 64..((i + 1) * 64).min(order.len())]
+        );
+        for (p, rb) in [(0, big_row), (1, small_row)] {
+            let want: Vec<u8> = batch.rows().iter().flat_map(|&r| row(r, rb)).collect();
+            assert!(batch.host_part(p) == want.as_slice(), "batch {i} part {p}");
+        }
+        seen += batch.rows().len();
+    }
+    assert_eq!(seen, rows as usize);
+    let s = m.stats();
+    assert!(s["direct_opens"].as_u64().unwrap() >= 1, "{s}");
+    drop(l);
+    let before = m.stats()["direct_opens"].clone();
+    let off = loader(false);
+    assert!(off.direct_status().is_empty());
+    assert_eq!(m.stats()["direct_opens"], before);
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(
@@ -325,6 +407,10 @@ fn main() -> std::process::ExitCode {
         ),
         test!(
             killed_daemon_under_a_preloaded_program_hangs_nothing,
+            Need::Fuse
+        ),
+        test!(
+            loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason,
             Need::Fuse
         ),
     ])
