@@ -208,7 +208,7 @@ impl FsCore {
             return Err(Refusal::NotStaged);
         };
         let fd = OwnedFd::from(file);
-        if let Err(why) = read_only_copy(&fd, attr.size) {
+        if let Err(why) = read_only_copy(&fd, attr.size, attr.mtime_ns) {
             store.unpin(state.entry);
             unreserve();
             warn!(
@@ -257,10 +257,12 @@ impl FsCore {
     }
 }
 
-/// Makes `fd` (a fresh open of the copy) plain `O_RDONLY` and checks it is a regular file of
-/// `size` bytes.
-fn read_only_copy(fd: &OwnedFd, size: u64) -> Result<(), &'static str> {
-    use rustix::fs::{fcntl_getfl, fcntl_setfl, fstat, FileType, OFlags};
+/// Makes `fd` (a fresh open of the copy) plain `O_RDONLY`, checks it is a regular file of
+/// `size` bytes, and gives the copy the source's mtime `mtime_ns` (what a reader's `fstat`
+/// shows; tools that key on mtime see the source's).
+fn read_only_copy(fd: &OwnedFd, size: u64, mtime_ns: i64) -> Result<(), &'static str> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, fstat, futimens, FileType, OFlags, Timespec};
+    use rustix::fs::{Timestamps, UTIME_OMIT};
     // The cache opens its copies O_NONBLOCK for its own reads; the reader gets none of that.
     fcntl_setfl(fd.as_fd(), OFlags::empty()).map_err(|_| "fcntl failed")?;
     let flags = fcntl_getfl(fd.as_fd()).map_err(|_| "fcntl failed")?;
@@ -273,6 +275,23 @@ fn read_only_copy(fd: &OwnedFd, size: u64) -> Result<(), &'static str> {
     }
     if u64::try_from(st.st_size).ok() != Some(size) {
         return Err("not of the snapshot's size");
+    }
+    let mtime = Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    let have = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec);
+    if have != i128::from(mtime_ns) {
+        let times = Timestamps {
+            last_access: Timespec {
+                tv_sec: 0,
+                tv_nsec: UTIME_OMIT,
+            },
+            last_modification: mtime,
+        };
+        // The daemon owns the copy: setting times needs no write access. A failure only
+        // leaves the copy's own mtime.
+        let _ = futimens(fd, &times);
     }
     Ok(())
 }

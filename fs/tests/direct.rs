@@ -102,6 +102,11 @@ fn direct_descriptor_reads_the_staged_copy_byte_exactly_read_only_and_is_counted
         "the daemon's O_NONBLOCK is not handed on"
     );
     let mut f = fs::File::from(fd);
+    // The copy shows the source's mtime to a reader's fstat.
+    assert_eq!(
+        f.metadata().unwrap().modified().unwrap(),
+        meta.modified().unwrap()
+    );
     assert!(f.write_all(b"x").is_err(), "the descriptor must not write");
     let mut got = Vec::new();
     f.read_to_end(&mut got).unwrap();
