@@ -213,7 +213,9 @@ fn python_threads_fork_and_spawn_workers_read_direct() {
     fs::write(t.join("read.py"), PY).unwrap();
     let spec = format!("{}:{}:{}", src.display(), mnt.display(), cache.display());
     let script = format!(
-        "python3 read.py {m} {s} {files} && cat {m}/.stagefs/stats > stats.json",
+        "python3 read.py {m} {s} {files} && cat {m}/.stagefs/stats > stats.json && \
+         {b} stat {m} > stat.txt",
+        b = bin.display(),
         m = mnt.display(),
         s = src.display(),
         files = FILES.join(" ")
@@ -234,6 +236,11 @@ fn python_threads_fork_and_spawn_workers_read_direct() {
     let s = stats(&t.join("stats.json"));
     // main 3 + threads 9 + fork 6 + spawn 6.
     assert!(s["direct_opens"].as_u64().unwrap() >= 24, "{s}");
+    let stat = fs::read_to_string(t.join("stat.txt")).unwrap();
+    assert!(
+        stat.contains("\ndirect     "),
+        "stagefs stat shows direct opens: {stat}"
+    );
 }
 
 /// The daemon killed (SIGKILL) while a preloaded program holds a direct descriptor: reads of
