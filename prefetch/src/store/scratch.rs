@@ -94,6 +94,25 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) {
     }
 }
 
+/// Allocates `len` bytes of `file` from its start without changing its size, so a copy
+/// written block by block (in any order, by several fetch workers) lies in a few large extents
+/// instead of one or more per block (a 256 MB file had ~30 extents, rsync's copy 5-7).
+/// Filesystems without `fallocate` keep allocating as blocks arrive.
+pub fn preallocate(file: &File, len: u64) {
+    // SAFETY: fallocate on a descriptor we own, with a valid mode; it touches no memory.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            len as libc::off_t,
+        )
+    };
+    if rc != 0 {
+        debug!(error = %io::Error::last_os_error(), "preallocation unavailable");
+    }
+}
+
 /// Whether `data` are the bytes stored at `loc`: the CRC-32 recorded when the block was
 /// stored. The one place a cached block is verified before it is served or passed through.
 pub fn verify_block(data: &[u8], loc: Loc) -> bool {
@@ -287,10 +306,16 @@ impl CacheStore {
             e.own_no = next;
         }
         let no = e.own_no;
+        let whole = u64::from(e.nslots) * BLOCK_SIZE;
         if fresh {
             inner.next_own += 1;
         }
         let file = self.own_file(no, fresh, true)?;
+        // The whole copy at once, where the cache has room for it now (the capacity counts
+        // blocks as they are stored; this keeps the disk from holding much more than that).
+        if fresh && inner.evict.used().saturating_add(whole) <= inner.evict.capacity() {
+            preallocate(&file, whole);
+        }
         Ok((file, OWN_FILE | no, u64::from(slot) * BLOCK_SIZE))
     }
 
