@@ -127,7 +127,8 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let (m, s) = (mnt.display(), src.display());
     let files = FILES.join(" ");
     let script = format!(
-        "./reader {m} {s} 60 {files} f0.bin && ./reader {m} {s} 0 small.txt && \
+        "./reader {m} {s} 60 {files} f0.bin && cat {m}/.stagefs/stats > out/before.json && \
+         ./reader {m} {s} 0 small.txt && \
          cat {m}/.stagefs/stats > out/direct.json && \
          ./reader-static {m} {s} 0 {files} > out/static.txt && \
          cat {m}/.stagefs/stats > out/static.json"
@@ -142,6 +143,9 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
         text(&o)
     );
     let d = stats(&out.join("direct.json"));
+    // The small file was not even asked about (the library stats it first).
+    let before = stats(&out.join("before.json"));
+    assert_eq!(d["direct_refused"], before["direct_refused"], "{d}");
     assert!(d["direct_opens"].as_u64().unwrap() >= 4, "{d}");
     assert!(
         d["bytes_direct"].as_u64().unwrap() >= 4 * 12 * MB as u64,

@@ -45,6 +45,9 @@ use tracing::{debug, warn};
 use crate::control::{CONTROL_DIR, VIEW_DIR};
 use crate::fscore::FsCore;
 
+// Clients skip files this small without asking (stagefs_protocol::SMALL_FILE).
+const _: () = assert!(stagefs_protocol::SMALL_FILE == SMALL_FILE);
+
 /// The direct-descriptor state a mount keeps.
 #[derive(Default)]
 pub struct DirectState {

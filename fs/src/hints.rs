@@ -640,6 +640,10 @@ enum Direct {
 /// Answers `line` if it is a direct open or close; a malformed direct open gets a refusal, so
 /// its client does not wait for a reply that never comes.
 fn direct(line: &[u8], core: &Weak<FsCore>, pins: &mut DirectPins, out: &UnixStream) -> Direct {
+    // Hints (the bulk of the lines) have no "op": parsed once, by the worker.
+    if !line.windows(4).any(|w| w == b"\"op\"") {
+        return Direct::Hint;
+    }
     let req = parse_request(line);
     let open = match req {
         Ok(Request::DirectOpen(path)) => Some(path),

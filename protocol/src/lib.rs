@@ -78,6 +78,10 @@ pub const MAX_REPLY: usize = 512;
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Room for a socket path in a socket address (108 bytes with its NUL, with a margin).
 pub const MAX_ADDR: usize = 100;
+/// Files of at most this many bytes are packed with others in the cache's segments and never
+/// get a direct descriptor ([`Refusal::Small`]): a client that knows a file's size need not
+/// ask. The daemon checks at compile time that this is its staging threshold.
+pub const SMALL_FILE: u64 = 4 << 20;
 
 /// Why a request line was not accepted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -24,6 +24,10 @@
 //! **Where.** `STAGEFS_DIRECT_MOUNTS=MNT=SOCKET[:MNT=SOCKET...]` (set by `stagefs run`;
 //! canonical mount points); `STAGEFS_DIRECT=0` turns the library into a pass-through.
 //!
+//! Files of at most `stagefs_protocol::SMALL_FILE` bytes (packed in the cache's segments, never
+//! granted) and anything but regular files are not asked about: a `stat` first, which the
+//! kernel answers from its attribute cache.
+//!
 //! **Connections.** One per mount per process, made at the first open under that mount, made
 //! afresh in a child after `fork` (the process id is checked; the parent's state is left to
 //! the parent). Requests of a process are serialised by a small lock that a forked child takes
@@ -193,6 +197,14 @@ fn with_state<R>(fresh: bool, f: impl FnOnce(&mut State) -> R) -> Option<R> {
             Err(_) => std::thread::sleep(Duration::from_micros(50)),
         }
     }
+    // Released however `f` ends (a panic is caught by the caller, the lock must not stay).
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            OWNER.store(0, Ordering::Release);
+        }
+    }
+    let _release = Release;
     // SAFETY: OWNER is ours: no other thread of this process reaches STATE until we release it.
     let slot = unsafe { &mut *STATE.0.get() };
     let mine = slot.as_ref().is_some_and(|s| s.pid == me);
@@ -214,7 +226,6 @@ fn with_state<R>(fresh: bool, f: impl FnOnce(&mut State) -> R) -> Option<R> {
     } else {
         None
     };
-    OWNER.store(0, Ordering::Release);
     out
 }
 
@@ -321,6 +332,13 @@ fn direct(dirfd: c_int, path: &[u8], flags: c_int) -> Option<c_int> {
         stagefs_protocol::check_path(rel).ok()?;
         Some((i, rel.to_string()))
     })?;
+    // Only regular files above the small-file size can be granted: a stat (answered from the
+    // kernel's attribute cache under snapshot semantics) saves the daemon a round trip for the
+    // rest, such as datasets of many small images.
+    let meta = std::fs::metadata(&abs).ok()?;
+    if !meta.is_file() || meta.len() <= stagefs_protocol::SMALL_FILE {
+        return None;
+    }
     with_state(true, |st| {
         let client = st.conn(i)?;
         match client.open(&rel) {
