@@ -84,7 +84,8 @@ fn stats(path: &Path) -> serde_json::Value {
 
 /// As `stagefs-test`: `stagefs run` preloads the library; the C program (open, openat,
 /// fopen, fopen64; with and without close-on-exec) gets direct descriptors of the staged
-/// files, byte-exact, counted by the daemon. The small file, a static build, `--no-direct` and
+/// files, byte-exact, counted by the daemon, their fstat the path's file (`cp` copies them:
+/// regression, it refused "replaced while being copied" when fstat showed the cache's copy). The small file, a static build, `--no-direct` and
 /// `STAGEFS_DIRECT=0` read through the mount.
 fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let uid = stagefs_test_support::uid_of("stagefs-test").unwrap();
@@ -127,11 +128,12 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let (m, s) = (mnt.display(), src.display());
     let files = FILES.join(" ");
     let script = format!(
-        "./reader {m} {s} 60 {files} f0.bin && cat {m}/.stagefs/stats > out/before.json && \
+        "./reader {m} {s} 60 {files} f0.bin && cp {m}/f0.bin out/f0.copy && \
+         cmp out/f0.copy {s}/f0.bin && sleep 1.2 && cat {m}/.stagefs/stats > out/before.json && \
          ./reader {m} {s} 0 small.txt && \
-         cat {m}/.stagefs/stats > out/direct.json && \
+         sleep 1.2 && cat {m}/.stagefs/stats > out/direct.json && \
          ./reader-static {m} {s} 0 {files} > out/static.txt && \
-         cat {m}/.stagefs/stats > out/static.json"
+         sleep 1.2 && cat {m}/.stagefs/stats > out/static.json"
     );
     let o = run(&[], &[], script);
     assert!(o.status.success(), "{}", text(&o));
@@ -181,11 +183,13 @@ const PY: &str = r#"
 import multiprocessing as mp, os, sys, threading, time
 MNT, SRC, FILES = sys.argv[1], sys.argv[2], sys.argv[3:]
 def read(f):
-    dev = os.stat(MNT).st_dev
     until = time.time() + 60
+    path = os.path.join(MNT, f)
     while True:
-        with open(os.path.join(MNT, f), "rb") as fh:
-            direct = os.fstat(fh.fileno()).st_dev != dev
+        with open(path, "rb") as fh:
+            direct = not os.readlink(f"/proc/self/fd/{fh.fileno()}").startswith(MNT)
+            st, ps = os.fstat(fh.fileno()), os.stat(path)
+            assert (st.st_dev, st.st_ino, st.st_mtime_ns) == (ps.st_dev, ps.st_ino, ps.st_mtime_ns)
             data = fh.read()
         if direct or time.time() > until:
             break
@@ -397,9 +401,12 @@ fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
     let s = m.stats();
     assert!(s["direct_opens"].as_u64().unwrap() >= 1, "{s}");
     drop(l);
+    std::thread::sleep(Duration::from_millis(1200));
     let before = m.stats()["direct_opens"].clone();
     let off = loader(false);
     assert!(off.direct_status().is_empty());
+    // A fresh rendering of the stats file (one is served for up to a second while read).
+    std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(m.stats()["direct_opens"], before);
 }
 

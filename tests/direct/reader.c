@@ -1,6 +1,8 @@
 /* Reads files of a stagefs mount and compares them with the source, as an unmodified program
  * would (open/openat/fopen/fopen64), retrying each file until its descriptor is a direct one
- * (not on the mount's device) or a deadline passes. Used by tests/direct.rs.
+ * (/proc/self/fd/N names a file outside the mount) or a deadline passes. fstat of the
+ * descriptor must show the file stat shows for its path (as cp checks), direct or not.
+ * Used by tests/direct.rs.
  *   reader MNT SRC WAIT_S FILE...   exit 0: all equal and all direct (WAIT_S 0: no retries,
  *                                    then exit 0 if all equal; prints how many were direct)
  */
@@ -66,9 +68,17 @@ int main(int argc, char **argv) {
             else fp = fopen64(p, "re");
             if (fp) fd = fileno(fp);
             if (fd < 0) { fprintf(stderr, "open %s: %s\n", p, strerror(errno)); return 3; }
-            struct stat st;
-            fstat(fd, &st);
-            is_direct = st.st_dev != m.st_dev;
+            struct stat st, ps;
+            char link[4096], proc[64];
+            snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+            ssize_t ln = readlink(proc, link, sizeof link - 1);
+            link[ln < 0 ? 0 : ln] = 0;
+            is_direct = strncmp(link, mnt, strlen(mnt)) != 0;
+            if (fstat(fd, &st) != 0 || stat(p, &ps) != 0 || st.st_dev != ps.st_dev ||
+                st.st_ino != ps.st_ino || st.st_size != ps.st_size || st.st_dev != m.st_dev) {
+                fprintf(stderr, "%s: fstat of the descriptor is not the path's file\n", p);
+                return 6;
+            }
             int cloexec = fcntl(fd, F_GETFD) & FD_CLOEXEC;
             int want_cloexec = how == 1 || how == 3;
             if (cloexec != (want_cloexec ? FD_CLOEXEC : 0)) {

@@ -64,8 +64,10 @@ def test_loader_reads_a_staged_npy_direct_and_falls_back_per_file(mounted):
     assert rows == 500
     assert stats(mnt)["direct_opens"] >= 1
     del ld
+    time.sleep(1.2)  # a fresh rendering of the stats file (one is served up to 1 s while read)
     before = stats(mnt)["direct_opens"]
     off = stagefs.Loader(paths, 32, tensors="numpy", ring=3, direct=False)
     assert off.stats()["direct_files"] == 0 and off.stats()["direct_fallbacks"] == {}
     assert sum(len(b) for _, b in off) == 500
+    time.sleep(1.2)
     assert stats(mnt)["direct_opens"] == before

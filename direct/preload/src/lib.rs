@@ -9,7 +9,11 @@
 //! `__openat_2`, `__openat64_2`, `fopen`, `fopen64` (read-only only: `O_RDONLY` without
 //! `O_CREAT`, `O_TRUNC`, `O_DIRECTORY`, `O_PATH`, `O_TMPFILE`, `O_DIRECT`; `fopen` modes `r`
 //! with `b`, `e`, `m`, `c` only), and `close`/`fclose` to release a descriptor's pin. Everything
-//! else goes to the next definition (`dlsym(RTLD_NEXT, ...)`). Relative paths are resolved
+//! else goes to the next definition (`dlsym(RTLD_NEXT, ...)`). `fstat`, `fstat64`,
+//! `__fxstat`, `__fxstat64`, `fstatat`/`fstatat64`/`statx` with `AT_EMPTY_PATH` of a direct
+//! descriptor answer with the mount's file (a `stat` of the path it was opened by), so the
+//! descriptor and its path are one file to the program (`cp` refuses to copy a file whose
+//! `fstat` and `stat` differ). Relative paths are resolved
 //! against the working directory or the `dirfd` (`/proc/self/fd/N`); a path whose
 //! mount-relative rest is not plain (`..`, symlinks in the daemon's view) is the mount's.
 //!
@@ -46,7 +50,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString, OsStr};
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -157,8 +161,8 @@ enum Conn {
 struct State {
     pid: i32,
     conns: Vec<Conn>,
-    /// Direct descriptor → (mount, pin).
-    fds: HashMap<c_int, (usize, u64)>,
+    /// Direct descriptor → (mount, pin, the path it was opened by).
+    fds: HashMap<c_int, (usize, u64, CString)>,
 }
 
 struct Shared(UnsafeCell<Option<State>>);
@@ -354,7 +358,8 @@ fn direct(dirfd: c_int, path: &[u8], flags: c_int) -> Option<c_int> {
                         libc::fcntl(raw, libc::F_SETFL, libc::O_NONBLOCK);
                     }
                 }
-                st.fds.insert(raw, (i, g.pin));
+                let path = CString::new(abs.as_os_str().as_bytes()).unwrap_or_default();
+                st.fds.insert(raw, (i, g.pin, path));
                 set_tracked(raw, true);
                 Some(raw)
             }
@@ -376,7 +381,18 @@ fn untrack(fd: c_int) -> Option<(usize, u64)> {
     }
     let _busy = Busy::enter()?;
     set_tracked(fd, false);
-    with_state(false, |st| st.fds.remove(&fd)).flatten()
+    with_state(false, |st| st.fds.remove(&fd).map(|(i, pin, _)| (i, pin))).flatten()
+}
+
+/// The mount path direct descriptor `fd` was opened by, if it is one of ours.
+fn path_of(fd: c_int) -> Option<CString> {
+    if !tracked(fd) {
+        return None;
+    }
+    let _busy = Busy::enter()?;
+    with_state(false, |st| st.fds.get(&fd).map(|(_, _, p)| p.clone()))
+        .flatten()
+        .filter(|p| !p.as_bytes().is_empty())
 }
 
 /// Tells mount `i`'s daemon that the descriptor of grant `pin` is closed.
@@ -657,6 +673,148 @@ pub unsafe extern "C" fn fclose(fp: *mut libc::FILE) -> c_int {
         }
     }
     r
+}
+
+type FstatatFn = unsafe extern "C" fn(c_int, *const c_char, *mut c_void, c_int) -> c_int;
+type FstatFn = unsafe extern "C" fn(c_int, *mut c_void) -> c_int;
+type FxstatFn = unsafe extern "C" fn(c_int, c_int, *mut c_void) -> c_int;
+type StatxFn = unsafe extern "C" fn(c_int, *const c_char, c_int, c_uint, *mut c_void) -> c_int;
+
+/// The metadata of direct descriptor `fd` as the mount shows its file (device, inode, owner,
+/// times of the mount's file): `stat(path)` of the path it was opened by, so a program that
+/// compares `stat` of a path with `fstat` of its descriptor (`cp`: "replaced while being
+/// copied") sees one file. `None`: not ours, or the path cannot be stat'ed (then the caller
+/// asks about the descriptor itself).
+///
+/// # Safety
+/// `buf` points at a `struct stat` (the kernel's layout: `stat` and `stat64` are one on the
+/// 64-bit ABIs).
+unsafe fn stat_of_mount(fd: c_int, buf: *mut c_void) -> Option<c_int> {
+    let path = path_of(fd)?;
+    let f = next!("fstatat64", FstatatFn)?;
+    // SAFETY: the real fstatat64 on a NUL-terminated path, into the caller's buffer.
+    let rc = unsafe { f(libc::AT_FDCWD, path.as_ptr(), buf, 0) };
+    (rc == 0).then_some(0)
+}
+
+macro_rules! fstat_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `fstat`: a direct descriptor shows the mount's file ([`stat_of_mount`]).
+        ///
+        /// # Safety
+        /// As `fstat(2)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void) -> c_int {
+            // SAFETY: the caller's buffer, as for fstat.
+            if let Some(rc) = unsafe { stat_of_mount(fd, buf) } {
+                return rc;
+            }
+            match next!($sym, FstatFn) {
+                // SAFETY: the real function with the caller's arguments.
+                Some(f) => unsafe { f(fd, buf) },
+                None => enosys(),
+            }
+        }
+    };
+}
+
+macro_rules! fxstat_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `__fxstat` (binaries built against glibc before 2.33).
+        ///
+        /// # Safety
+        /// As `__fxstat`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(ver: c_int, fd: c_int, buf: *mut c_void) -> c_int {
+            // SAFETY: the caller's buffer, as for fstat.
+            if let Some(rc) = unsafe { stat_of_mount(fd, buf) } {
+                return rc;
+            }
+            match next!($sym, FxstatFn) {
+                // SAFETY: the real function with the caller's arguments.
+                Some(f) => unsafe { f(ver, fd, buf) },
+                None => enosys(),
+            }
+        }
+    };
+}
+
+macro_rules! fstatat_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `fstatat`: with `AT_EMPTY_PATH` and an empty path, a direct descriptor
+        /// shows the mount's file ([`stat_of_mount`]).
+        ///
+        /// # Safety
+        /// As `fstatat(2)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            dirfd: c_int,
+            path: *const c_char,
+            buf: *mut c_void,
+            flags: c_int,
+        ) -> c_int {
+            // SAFETY: a non-null path is NUL-terminated (the caller's contract).
+            let empty = !path.is_null() && unsafe { *path } == 0;
+            if empty && flags & libc::AT_EMPTY_PATH != 0 {
+                // SAFETY: the caller's buffer, as for fstatat.
+                if let Some(rc) = unsafe { stat_of_mount(dirfd, buf) } {
+                    return rc;
+                }
+            }
+            match next!($sym, FstatatFn) {
+                // SAFETY: the real function with the caller's arguments.
+                Some(f) => unsafe { f(dirfd, path, buf, flags) },
+                None => enosys(),
+            }
+        }
+    };
+}
+
+fstat_like!(fstat, "fstat");
+fstat_like!(fstat64, "fstat64");
+fxstat_like!(__fxstat, "__fxstat");
+fxstat_like!(__fxstat64, "__fxstat64");
+fstatat_like!(fstatat, "fstatat");
+fstatat_like!(fstatat64, "fstatat64");
+
+/// Interposed `statx`: with `AT_EMPTY_PATH` and an empty path, a direct descriptor shows the
+/// mount's file, as [`stat_of_mount`].
+///
+/// # Safety
+/// As `statx(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: c_uint,
+    buf: *mut c_void,
+) -> c_int {
+    let real = next!("statx", StatxFn);
+    // SAFETY: a non-null path is NUL-terminated (the caller's contract).
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 {
+        if let (Some(p), Some(f)) = (path_of(dirfd), real) {
+            // SAFETY: the real statx on a NUL-terminated path, into the caller's buffer.
+            let rc = unsafe {
+                f(
+                    libc::AT_FDCWD,
+                    p.as_ptr(),
+                    flags & !libc::AT_EMPTY_PATH,
+                    mask,
+                    buf,
+                )
+            };
+            if rc == 0 {
+                return 0;
+            }
+        }
+    }
+    match real {
+        // SAFETY: the real statx with the caller's arguments.
+        Some(f) => unsafe { f(dirfd, path, flags, mask, buf) },
+        None => enosys(),
+    }
 }
 
 #[cfg(test)]
