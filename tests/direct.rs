@@ -400,7 +400,22 @@ fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
     assert_eq!(seen, rows as usize);
     let s = m.stats();
     assert!(s["direct_opens"].as_u64().unwrap() >= 1, "{s}");
+    // Batches outlive their loader: so does the pin of the copy their readers read.
+    let mut e = l.epoch(1).unwrap();
+    let b = e.next_batch().unwrap().unwrap();
     drop(l);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(m.stats()["direct_pins"], 1);
+    drop(b);
+    drop(e);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.stats()["direct_pins"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the pin outlived the loader's last reader"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     std::thread::sleep(Duration::from_millis(1200));
     let before = m.stats()["direct_opens"].clone();
     let off = loader(false);

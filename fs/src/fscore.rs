@@ -590,6 +590,7 @@ impl FsCore {
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
+        s.direct_pins = self.direct_pins() as u64;
         s
     }
 

@@ -233,6 +233,10 @@ struct Ring<D: Device> {
     transform: Option<(Transform, Geometry, Table)>,
     /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
     resident: Vec<Option<Vec<u8>>>,
+    /// Direct descriptors of the files' verified copies (the connection holding their pins
+    /// lives as long as the sources that read them: batches may outlive the loader), and why
+    /// the other files have none.
+    direct: crate::direct::DirectReads,
     slots: Vec<Slot<D>>,
     free_tx: Sender<usize>,
     free_rx: Receiver<usize>,
@@ -278,8 +282,6 @@ pub struct Loader<D: Device> {
     slot_bytes: usize,
     /// The hint socket of the mount holding the files (`None`: not on a mount, or off).
     hints: Option<Arc<Hinter>>,
-    /// Direct descriptors of the files' verified copies, and why the others have none.
-    direct: crate::direct::DirectReads,
 }
 
 impl<D: Device> Loader<D> {
@@ -414,6 +416,7 @@ impl<D: Device> Loader<D> {
                 out_rows,
                 transform,
                 resident,
+                direct,
                 slots,
                 free_tx,
                 free_rx,
@@ -428,14 +431,13 @@ impl<D: Device> Loader<D> {
             readers,
             slot_bytes,
             hints,
-            direct,
         })
     }
 
     /// Per file: its path and `None` if it is read through a direct descriptor, else why not
     /// (empty with `direct` off).
     pub fn direct_status(&self) -> &[(std::path::PathBuf, Option<String>)] {
-        self.direct.status()
+        self.ring.direct.status()
     }
 
     /// Rows in each source.
@@ -570,6 +572,7 @@ impl<D: Device> Loader<D> {
         // Hints first, so the first window reaches the daemon ahead of the readers; direct
         // files (not held in memory) get the kernel's read-ahead advised in the same window.
         let advised: Vec<(Arc<std::fs::File>, u64, u64)> = self
+            .ring
             .direct
             .files()
             .iter()

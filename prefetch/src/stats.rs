@@ -112,6 +112,9 @@ pub struct StatsSnapshot {
     /// from scratch by the reader, unseen by the daemon.
     #[serde(default)]
     pub bytes_direct: u64,
+    /// Direct descriptors pinned now (granted and not yet closed by their clients).
+    #[serde(default)]
+    pub direct_pins: u64,
     /// Seconds during which at least one reader was waiting on the source.
     pub stall_s: f64,
     /// Bytes pushed into the kernel's page cache ahead of in-order readers.
