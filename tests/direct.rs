@@ -22,9 +22,11 @@ const FILES: [&str; 3] = ["f0.bin", "d/f1.bin", "f2.bin"];
 /// (hard links, or copies with `copy`: files another user will own).
 fn install(dir: &Path, copy: bool) -> PathBuf {
     let bin_dir = Path::new(BIN).parent().unwrap();
+    // deps/ first: cargo rebuilds it for these tests (a dev-dependency); the one beside the
+    // binary is only as fresh as the last `cargo build -p stagefs-preload`.
     let lib = [
-        bin_dir.join("libstagefs_direct.so"),
         bin_dir.join("deps/libstagefs_direct.so"),
+        bin_dir.join("libstagefs_direct.so"),
     ]
     .into_iter()
     .find(|p| p.is_file())
@@ -207,11 +209,23 @@ if __name__ == "__main__":
         with mp.get_context(how).Pool(3) as pool:
             out[how] = pool.map(read, FILES * 2)
     bad = {k: v for k, v in out.items() if not all(ok and d for ok, d in v)}
+    # A mapping outlives its file object (numpy's memmap closes the file): the pin stays.
+    import json, mmap
+    with open(os.path.join(MNT, FILES[0]), "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    time.sleep(1.2)  # a fresh rendering of the stats file
+    with open(os.path.join(MNT, ".stagefs", "stats")) as f:
+        pins = json.load(f)["direct_pins"]
+    with open(os.path.join(SRC, FILES[0]), "rb") as fh:
+        if mm[:] != fh.read() or pins != 1:
+            bad["mmap"] = f"pins {pins}"
     print("ok" if not bad else f"bad {bad}", flush=True)
 "#;
 
 /// Python (threads, multiprocessing fork and spawn) under `stagefs run`: every worker's reads
-/// are byte-exact and go direct; the daemon counts them.
+/// are byte-exact and go direct; the daemon counts them. A mapping of a direct file keeps its
+/// pin after the file is closed (regression: close released it, eviction could then punch
+/// holes under the mapping).
 fn python_threads_fork_and_spawn_workers_read_direct() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();

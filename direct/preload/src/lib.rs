@@ -43,10 +43,13 @@
 //!
 //! **Descriptors.** Close-on-exec exactly when the caller asked (`O_CLOEXEC`, `fopen`'s `e`),
 //! `O_NONBLOCK` when asked. `close`/`fclose` of a direct descriptor tells the daemon, which
-//! releases the pin; descriptors still open at exit are released with the connection. Known
-//! limits: a `dup` of a direct descriptor outlives its pin once the original is closed, and a
-//! child inherits descriptors pinned by its parent's connection (the copy is pinned while the
-//! parent holds it); a static binary ignores `LD_PRELOAD` and reads through the mount.
+//! releases the pin; descriptors still open at exit are released with the connection. A
+//! descriptor that is duplicated (`dup`, `dup2`, `dup3`, `fcntl(F_DUPFD*)`) or mapped (`mmap`,
+//! as numpy's memmap does before closing the file) keeps its pin until the process ends: the
+//! copy must not be evicted under a mapping. Known limits: a child inherits descriptors pinned
+//! by its parent's connection (pinned while the parent runs); a static binary ignores
+//! `LD_PRELOAD` and reads through the mount; `dup`/`fcntl`/`mmap` made by libc internally (not
+//! through its exported symbols) are not seen.
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
@@ -157,12 +160,25 @@ enum Conn {
     Off,
 }
 
+/// A direct descriptor of this process.
+struct DirectFd {
+    /// Index of its mount.
+    mount: usize,
+    /// Its grant.
+    pin: u64,
+    /// The path it was opened by (what `fstat` shows).
+    path: CString,
+    /// Duplicated or mapped: the copy is read beyond this descriptor's life, so its pin is kept
+    /// until the connection ends (process exit), not released at `close`.
+    kept: bool,
+}
+
 /// The process's state: whose it is, its connections, its direct descriptors.
 struct State {
     pid: i32,
     conns: Vec<Conn>,
-    /// Direct descriptor → (mount, pin, the path it was opened by).
-    fds: HashMap<c_int, (usize, u64, CString)>,
+    /// Direct descriptors of this process.
+    fds: HashMap<c_int, DirectFd>,
 }
 
 struct Shared(UnsafeCell<Option<State>>);
@@ -359,7 +375,13 @@ fn direct(dirfd: c_int, path: &[u8], flags: c_int) -> Option<c_int> {
                     }
                 }
                 let path = CString::new(abs.as_os_str().as_bytes()).unwrap_or_default();
-                st.fds.insert(raw, (i, g.pin, path));
+                let d = DirectFd {
+                    mount: i,
+                    pin: g.pin,
+                    path,
+                    kept: false,
+                };
+                st.fds.insert(raw, d);
                 set_tracked(raw, true);
                 Some(raw)
             }
@@ -381,7 +403,28 @@ fn untrack(fd: c_int) -> Option<(usize, u64)> {
     }
     let _busy = Busy::enter()?;
     set_tracked(fd, false);
-    with_state(false, |st| st.fds.remove(&fd).map(|(i, pin, _)| (i, pin))).flatten()
+    with_state(false, |st| {
+        st.fds
+            .remove(&fd)
+            .filter(|d| !d.kept)
+            .map(|d| (d.mount, d.pin))
+    })
+    .flatten()
+}
+
+/// Marks direct descriptor `fd` as read beyond its own life (duplicated, mapped): its pin is
+/// kept until the process ends. An unpinned copy may be evicted, and eviction punches holes
+/// that a mapping or a duplicate would read as zeros.
+fn keep(fd: c_int) {
+    if !tracked(fd) {
+        return;
+    }
+    let Some(_busy) = Busy::enter() else { return };
+    with_state(false, |st| {
+        if let Some(d) = st.fds.get_mut(&fd) {
+            d.kept = true;
+        }
+    });
 }
 
 /// The mount path direct descriptor `fd` was opened by, if it is one of ours.
@@ -390,7 +433,7 @@ fn path_of(fd: c_int) -> Option<CString> {
         return None;
     }
     let _busy = Busy::enter()?;
-    with_state(false, |st| st.fds.get(&fd).map(|(_, _, p)| p.clone()))
+    with_state(false, |st| st.fds.get(&fd).map(|d| d.path.clone()))
         .flatten()
         .filter(|p| !p.as_bytes().is_empty())
 }
@@ -674,6 +717,146 @@ pub unsafe extern "C" fn fclose(fp: *mut libc::FILE) -> c_int {
     }
     r
 }
+
+type DupFn = unsafe extern "C" fn(c_int) -> c_int;
+type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
+type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
+type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
+type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
+
+/// Interposed `dup`: a duplicate of a direct descriptor keeps its pin ([`keep`]).
+///
+/// # Safety
+/// As `dup(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let r = match next!("dup", DupFn) {
+        // SAFETY: the real dup with the caller's argument.
+        Some(f) => unsafe { f(fd) },
+        None => enosys(),
+    };
+    if r >= 0 {
+        keep(fd);
+    }
+    r
+}
+
+/// Closes what `dup2`/`dup3` onto `new` closes: a direct descriptor there gives its pin back
+/// after the call.
+fn replaced(new: c_int, old: c_int) -> Option<(usize, u64)> {
+    // Only when the call can succeed (`old` open): a failed dup2 closes nothing.
+    // SAFETY: F_GETFD reads a descriptor's flags; no memory is touched.
+    let valid = || unsafe { libc::fcntl(old, libc::F_GETFD) } >= 0;
+    (new != old && tracked(new) && valid())
+        .then(|| untrack(new))
+        .flatten()
+}
+
+/// Interposed `dup2`: see [`dup`]; a direct descriptor it replaces is released as at `close`.
+///
+/// # Safety
+/// As `dup2(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let gone = replaced(new, old);
+    let r = match next!("dup2", Dup2Fn) {
+        // SAFETY: the real dup2 with the caller's arguments.
+        Some(f) => unsafe { f(old, new) },
+        None => enosys(),
+    };
+    after_dup(r, old, gone);
+    r
+}
+
+/// Interposed `dup3`: as [`dup2`].
+///
+/// # Safety
+/// As `dup3(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let gone = replaced(new, old);
+    let r = match next!("dup3", Dup3Fn) {
+        // SAFETY: the real dup3 with the caller's arguments.
+        Some(f) => unsafe { f(old, new, flags) },
+        None => enosys(),
+    };
+    after_dup(r, old, gone);
+    r
+}
+
+fn after_dup(r: c_int, old: c_int, gone: Option<(usize, u64)>) {
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    if r >= 0 {
+        keep(old);
+    }
+    if let Some((i, pin)) = gone {
+        release(i, pin);
+    }
+    if let Some(e) = errno {
+        // SAFETY: __errno_location points at this thread's errno.
+        unsafe { *libc::__errno_location() = e };
+    }
+}
+
+macro_rules! fcntl_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `fcntl`: `F_DUPFD`/`F_DUPFD_CLOEXEC` of a direct descriptor keep its
+        /// pin ([`keep`]). The third argument (an integer or a pointer) is taken as a named
+        /// `unsigned long`, where both ABIs pass it, and handed on.
+        ///
+        /// # Safety
+        /// As `fcntl(2)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+            let r = match next!($sym, FcntlFn) {
+                // SAFETY: the real fcntl with the caller's arguments.
+                Some(f) => unsafe { f(fd, cmd, arg) },
+                None => enosys(),
+            };
+            if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+                keep(fd);
+            }
+            r
+        }
+    };
+}
+
+fcntl_like!(fcntl, "fcntl");
+fcntl_like!(fcntl64, "fcntl64");
+
+macro_rules! mmap_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `mmap`: a mapping of a direct descriptor keeps its pin ([`keep`]).
+        ///
+        /// # Safety
+        /// As `mmap(2)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            addr: *mut c_void,
+            len: usize,
+            prot: c_int,
+            flags: c_int,
+            fd: c_int,
+            off: i64,
+        ) -> *mut c_void {
+            let r = match next!($sym, MmapFn) {
+                // SAFETY: the real mmap with the caller's arguments.
+                Some(f) => unsafe { f(addr, len, prot, flags, fd, off) },
+                None => {
+                    enosys();
+                    libc::MAP_FAILED
+                }
+            };
+            if r != libc::MAP_FAILED && fd >= 0 {
+                keep(fd);
+            }
+            r
+        }
+    };
+}
+
+mmap_like!(mmap, "mmap");
+mmap_like!(mmap64, "mmap64");
 
 type FstatatFn = unsafe extern "C" fn(c_int, *const c_char, *mut c_void, c_int) -> c_int;
 type FstatFn = unsafe extern "C" fn(c_int, *mut c_void) -> c_int;
