@@ -162,6 +162,52 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     );
     let s2 = stats(&out.join("static.json"));
     assert_eq!(s2["direct_opens"], d["direct_opens"], "{s2}");
+    // Another user cannot reach the control socket (0700 cache directory, 0600 socket).
+    let uid2 = stagefs_test_support::uid_of("stagefs-test2").unwrap();
+    let mut held = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .arg(&bin)
+        .args(["run", "--mount", &spec, "--", "sh", "-c"])
+        .arg("touch out/ready; while [ ! -e out/go ]; do sleep 0.05; done")
+        .current_dir(t)
+        .env("HOME", t)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !out.join("ready").exists() {
+        assert!(Instant::now() < deadline, "the held run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let socket = cache.join(stagefs_protocol::SOCKET_NAME);
+    let other = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid2}"),
+            &format!("--regid={uid2}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            "import socket, sys\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             try:\n    s.connect(sys.argv[1]); print('connected')\n\
+             except PermissionError:\n    print('denied')",
+        ])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    fs::write(out.join("go"), b"").unwrap();
+    assert!(held.wait().unwrap().success());
+    assert!(socket.parent().unwrap().exists());
+    assert_eq!(
+        String::from_utf8_lossy(&other.stdout),
+        "denied\n",
+        "{}",
+        text(&other)
+    );
     // Off: --no-direct and STAGEFS_DIRECT=0 (the cache is warm and verified by now).
     for (extra, env) in [
         (&["--no-direct"][..], &[][..]),
