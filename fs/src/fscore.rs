@@ -253,6 +253,8 @@ pub struct FsCore {
     stats_view: Mutex<Option<StatsView>>,
     /// Read-order hints ([`crate::hints`]).
     pub(crate) hints: crate::hints::HintState,
+    /// Direct descriptors ([`crate::direct`]).
+    pub(crate) direct: crate::direct::DirectState,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -328,6 +330,7 @@ impl FsCore {
             origin,
             stats_view: Mutex::new(None),
             hints: crate::hints::HintState::default(),
+            direct: crate::direct::DirectState::default(),
             cfg,
         });
         core.start(loaded, origin == "cache")?;
@@ -447,6 +450,17 @@ impl FsCore {
     fn after_listing(self: &Arc<Self>, loaded: stagefs_prefetch::Loaded, persisted: bool) {
         let views = self.files.bind_loaded(loaded);
         *lock(&self.loaded_views) = views;
+        // The copies bound now were verified in an earlier mount, not this one: verify them in
+        // the background so passthrough and direct descriptors serve the warm epoch.
+        let me = Arc::downgrade(self);
+        let verify = self.spawn("stagefs-verify-copies", move || {
+            if let Some(core) = me.upgrade() {
+                core.verify_copies();
+            }
+        });
+        if let Err(e) = verify {
+            warn!(error = %e, "could not start verifying the cached copies");
+        }
         if !persisted {
             match self.snapshot.save_to(self.store.dir(), SNAPSHOT_FILE) {
                 Ok(()) => info!(nodes = self.snapshot.len(), "snapshot kept in the cache"),
@@ -587,6 +601,7 @@ impl FsCore {
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
+        s.direct_pins = self.direct_pins() as u64;
         s
     }
 
@@ -954,11 +969,17 @@ impl FsCore {
             return Some(f);
         }
         if self.store.is_complete(id) {
-            if let Some(tx) = lock(&self.verify).as_ref() {
-                let _ = tx.try_send(id);
-            }
+            self.queue_verify(id);
         }
         None
+    }
+
+    /// Queues complete entry `id` for verification in the background (dropped if the queue
+    /// is full: a later open queues it again).
+    pub(crate) fn queue_verify(&self, id: EntryId) {
+        if let Some(tx) = lock(&self.verify).as_ref() {
+            let _ = tx.try_send(id);
+        }
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh` (0: no handle, for kernels

@@ -109,6 +109,9 @@ pub struct LoaderConfig {
     pub transform: Option<Transform>,
     /// Tell a stagefs mount holding the files which rows are read next ([`crate::hints`]).
     pub hints: bool,
+    /// Read files on a stagefs mount through direct descriptors of their verified copies
+    /// where the daemon grants them ([`crate::direct`]); the others through the mount.
+    pub direct: bool,
 }
 
 impl Default for LoaderConfig {
@@ -126,6 +129,7 @@ impl Default for LoaderConfig {
             readers: 2,
             transform: None,
             hints: true,
+            direct: true,
         }
     }
 }
@@ -261,6 +265,10 @@ struct Ring<D: Device> {
     transform: Option<(Transform, Geometry, Table)>,
     /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
     resident: Vec<Option<Vec<u8>>>,
+    /// Direct descriptors of the files' verified copies (the connection holding their pins
+    /// lives as long as the sources that read them: batches may outlive the loader), and why
+    /// the other files have none.
+    direct: crate::direct::DirectReads,
     slots: Vec<Slot<D>>,
     free_tx: Sender<usize>,
     free_rx: Receiver<usize>,
@@ -312,7 +320,7 @@ impl<D: Device> Loader<D> {
     /// Checks the sources and the settings and allocates the ring on `device`.
     pub fn new(
         device: Arc<D>,
-        sources: Vec<Source>,
+        mut sources: Vec<Source>,
         config: LoaderConfig,
     ) -> Result<Self, StreamError> {
         let first = sources
@@ -415,10 +423,18 @@ impl<D: Device> Loader<D> {
             let _ = free_tx.send(slot);
         }
         let readers = config.readers.clamp(1, config.ring);
+        let all: Vec<usize> = (0..sources.len()).collect();
+        let direct = if config.direct {
+            crate::direct::DirectReads::open(&mut sources, &all)
+        } else {
+            crate::direct::DirectReads::off()
+        };
         let resident = read_resident(&sources, config.shuffle || config.world_size > 1)?;
-        // Files read whole into memory are read once, in order: no hints for them.
+        // Files read whole into memory are read once, in order: no hints for them; nor for
+        // direct files (the daemon's pushes fill the mount's pages; they are advised instead).
         let hinted: Vec<usize> = (0..sources.len())
             .filter(|&i| resident[i].is_none())
+            .filter(|&i| direct.files().iter().all(|(d, _)| *d != i))
             .collect();
         let hints = config
             .hints
@@ -433,6 +449,7 @@ impl<D: Device> Loader<D> {
                 out_rows,
                 transform,
                 resident,
+                direct,
                 slots,
                 free_tx,
                 free_rx,
@@ -448,6 +465,12 @@ impl<D: Device> Loader<D> {
             slot_bytes,
             hints,
         })
+    }
+
+    /// Per file: its path and `None` if it is read through a direct descriptor, else why not
+    /// (empty with `direct` off).
+    pub fn direct_status(&self) -> &[(std::path::PathBuf, Option<String>)] {
+        self.ring.direct.status()
     }
 
     /// Rows in each source.
@@ -579,9 +602,26 @@ impl<D: Device> Loader<D> {
             path: "<thread>".into(),
             source: e,
         };
-        // Hints first, so the first window reaches the daemon ahead of the readers.
-        if let Some(h) = self.hints.clone().filter(|h| !h.is_off()) {
-            let row_bytes: u64 = h.sources().map(|i| self.ring.sources[i].row_bytes).sum();
+        // Hints first, so the first window reaches the daemon ahead of the readers; direct
+        // files (not held in memory) get the kernel's read-ahead advised in the same window.
+        let advised: Vec<(Arc<std::fs::File>, u64, u64)> = self
+            .ring
+            .direct
+            .files()
+            .iter()
+            .filter(|(i, _)| self.ring.resident[*i].is_none())
+            .map(|(i, f)| {
+                let s = &self.ring.sources[*i];
+                (f.clone(), s.offset, s.row_bytes)
+            })
+            .collect();
+        let hinter = self.hints.clone().filter(|h| !h.is_off());
+        if hinter.is_some() || !advised.is_empty() {
+            let hinted = hinter.iter().flat_map(|h| h.sources());
+            let row_bytes: u64 = hinted
+                .map(|i| self.ring.sources[i].row_bytes)
+                .chain(advised.iter().map(|a| a.2))
+                .sum();
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
             let (order, cancel, stop_rx) = (order.clone(), cancel.clone(), stop_rx.clone());
             let dispatched = dispatched.clone();
@@ -600,7 +640,12 @@ impl<D: Device> Loader<D> {
                             return;
                         }
                         let (a, b) = batch_range(seq, batch_size, order.len());
-                        if !h.send(&order[a..b]) {
+                        for (file, offset, row_bytes) in &advised {
+                            crate::direct::advise(file, *offset, *row_bytes, &order[a..b]);
+                        }
+                        if hinter.as_ref().is_some_and(|h| !h.send(&order[a..b]))
+                            && advised.is_empty()
+                        {
                             return;
                         }
                     }

@@ -198,6 +198,10 @@ class Loader:
             next (a few batches ahead of the readers), so it fetches, renders and pushes them
             in that order; ``False`` turns it off. A mount without the hint socket (or a
             broken one) just means no hints, never an error.
+        direct: files on a stagefs mount whose verified copy is in the mount's cache are read
+            through a read-only descriptor of that copy, at local speed, instead of through
+            FUSE; any other file reads through the mount, silently, with the reason in
+            ``stats()["direct_fallbacks"]``. ``False`` turns it off.
 
     The position can be saved with ``state_dict()`` and restored with ``load_state_dict()``
     (mid-epoch, also under another ``world_size``); ``epoch`` is the next epoch to iterate.
@@ -227,6 +231,7 @@ class Loader:
         dtype=None,
         layout: str = "NHWC",
         hints: bool = True,
+        direct: bool = True,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -274,7 +279,7 @@ class Loader:
         self._native = _native.Loader(
             self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
             self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
-            bool(hints),
+            bool(hints), bool(direct),
         )
 
     def __iter__(self) -> Iterator[tuple]:
@@ -398,7 +403,9 @@ class Loader:
 
         ``device_wait_share`` is the share of time the training loop waited for data (near 0:
         storage keeps up); ``ring_full_share`` the share the readers waited for you to release
-        a batch (near 1: the loop is the bottleneck, not the data).
+        a batch (near 1: the loop is the bottleneck, not the data). ``direct_files`` counts
+        the files read through direct descriptors; ``direct_fallbacks`` maps each other file
+        to why it reads through the mount (empty with ``direct=False``).
         """
         return self._native.stats()
 
