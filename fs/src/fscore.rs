@@ -419,6 +419,7 @@ impl FsCore {
         }
         {
             let (tx, rx) = sync_channel::<EntryId>(VERIFY_QUEUE);
+            let completed = tx.clone();
             *lock(&self.verify) = Some(tx);
             let store = self.store.clone();
             self.spawn("stagefs-verify", move || {
@@ -426,6 +427,13 @@ impl FsCore {
                     store.verify(id);
                 }
             })?;
+            // A copy completed in this mount is verified as soon as it is complete, so the
+            // next epoch's opens get passthrough or direct descriptors at once (else the first
+            // open of each file in the second epoch was refused "verifying" and read through
+            // FUSE). Dropped when the core stops (stop_background), which ends the thread.
+            self.store.set_on_complete(Some(Box::new(move |id| {
+                let _ = completed.try_send(id);
+            })));
         }
         // Binding the previous mount's cache entries needs the whole snapshot; with a snapshot
         // loaded from disk it is there now, and the mount serves nothing before it is done.
@@ -521,6 +529,7 @@ impl FsCore {
         self.files.set_page_sink(None);
         self.fetcher.shutdown();
         self.files.stop();
+        self.store.set_on_complete(None);
         lock(&self.verify).take();
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {

@@ -376,3 +376,25 @@ fn copies_found_at_remount_are_verified_in_the_background() {
     assert_eq!(c.stats().direct_opens.load(Relaxed), 1);
     c.shutdown();
 }
+
+/// A copy completed in this mount was verified only when its first direct open came (which
+/// was refused "verifying"), so the whole second epoch of a job under `stagefs run` opened its
+/// files through FUSE. Now a copy is queued for verification as it becomes complete.
+#[test]
+fn regression_a_copy_staged_in_this_mount_was_refused_verifying_in_the_next_epoch() {
+    let (_t, src, cache) = setup();
+    let mut cfg = config(&src, &cache);
+    cfg.stage = false;
+    let (c, _) = mount(cfg);
+    let sock = started(&c);
+    stage(&c, "big.bin");
+    // No open yet: the copy is verified because it became complete.
+    until("verification of the completed copy", || {
+        c.store().unverified_copies().is_empty()
+    });
+    let mut client = DirectClient::connect(&sock).unwrap();
+    let (fd, _) = client.open("big.bin").unwrap();
+    assert!(read_all(fd) == pattern(7, BIG));
+    assert_eq!(c.stats().direct_refused.load(Relaxed), 0);
+    c.shutdown();
+}

@@ -46,6 +46,7 @@ use tracing::warn;
 
 use crate::cachedir::CacheDir;
 use crate::error::CacheError;
+use crate::locks;
 use crate::locks::lock;
 use crate::stats::Stats;
 
@@ -114,7 +115,12 @@ pub struct CacheStore {
     direct_files: Mutex<LruCache<u32, Arc<File>>>,
     /// Whether blocks are read with `O_DIRECT` (configured; off at the first `EINVAL`).
     direct: AtomicBool,
+    /// Told of each large file whose copy has just become complete ([`Self::set_on_complete`]).
+    on_complete: RwLock<Option<OnComplete>>,
 }
+
+/// What the store tells of a copy that has just become complete: its entry.
+pub type OnComplete = Box<dyn Fn(EntryId) + Send + Sync>;
 
 impl CacheStore {
     /// Opens (or creates) the cache in `cfg.dir`, takes its lock and replays its cache log.
@@ -179,6 +185,7 @@ impl CacheStore {
             own_files: Mutex::new(LruCache::new(cap)),
             direct_files: Mutex::new(LruCache::new(cap)),
             direct: AtomicBool::new(cfg.direct_reads),
+            on_complete: RwLock::new(None),
         };
         let loaded = store.replay().map_err(io_err)?;
         Ok((store, loaded))
@@ -326,11 +333,11 @@ impl CacheStore {
             return false;
         }
         let mut inner = lock(&self.inner);
-        let stored = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+        let (stored, own) = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
             Some(e) if e.loc(slot).is_none() => {
                 e.set_loc(slot, loc);
                 e.present += 1;
-                e.complete() && e.kind == KeyKind::Raw
+                (e.complete() && e.kind == KeyKind::Raw, e.own_file)
             }
             _ => {
                 // Dropped (or stored by someone else) while we wrote: give the space back.
@@ -346,7 +353,19 @@ impl CacheStore {
             self.stats.files_staged.fetch_add(1, Relaxed);
         }
         append(&self.log, &Record::Block { id, slot, loc });
+        drop(inner);
+        if stored && own {
+            if let Some(tell) = locks::read(&self.on_complete).as_ref() {
+                tell(id);
+            }
+        }
         true
+    }
+
+    /// Sets what is told of each large file whose copy becomes complete (the mount verifies
+    /// it in the background, so the next epoch's opens find it verified); `None` stops it.
+    pub fn set_on_complete(&self, tell: Option<OnComplete>) {
+        *locks::write(&self.on_complete) = tell;
     }
 
     /// For a fully cached large file whose blocks were all verified in this mount: pins it
