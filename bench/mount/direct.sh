@@ -11,15 +11,20 @@
 # is kept between runs, as a later job reuses it). CPU seconds count the reader and the daemon.
 #
 #   bench/mount/direct.sh
+# Mode `rows`: a shuffled stagefs.Loader epoch over rows.npy (ROWS_MB of 64 KiB rows) on the
+# mount (direct, with its posix_fadvise ahead) and on the local copy (no read-ahead: the
+# same order, read as it comes); needs PY, a python with numpy and stagefs.
 # Knobs: WORK=/var/tmp/stagefs-direct, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test,
-# FILES=8, MB=256, ROUNDS=2, MODES="seq shuf mmap", SCRATCHES="disk ram".
+# FILES=8, MB=256, ROWS_MB=2048, ROUNDS=2, MODES="seq shuf mmap rows", SCRATCHES="disk ram",
+# PY=.venv/bin/python.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/var/tmp/stagefs-direct}
 STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
 BENCH_USER=${BENCH_USER:-stagefs-test}
-FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} MODES=${MODES:-seq shuf mmap}
+FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} MODES=${MODES:-seq shuf mmap rows}
+ROWS_MB=${ROWS_MB:-2048} PY=${PY:-$REPO/.venv/bin/python}
 SCRATCHES=${SCRATCHES:-disk ram}
 [[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, loop devices, setpriv)" >&2; exit 1; }
 uid=$(id -u "$BENCH_USER")
@@ -27,13 +32,25 @@ as_user() { setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 load() { cut -d' ' -f1 /proc/loadavg; }
 gb=$(python3 -c "print($FILES * $MB / 1000)")
+rows_gb=$(python3 -c "print($ROWS_MB * 1.048576 / 1000)")
 
 mkdir -p "$WORK/src"
 chmod 755 "$WORK" "$WORK/src"
 for i in $(seq 0 $((FILES - 1))); do
   [[ -s "$WORK/src/f$i.bin" ]] || head -c "${MB}M" /dev/urandom > "$WORK/src/f$i.bin"
 done
-chmod 644 "$WORK"/src/*.bin
+if [[ " $MODES " == *" rows "* && ! -s "$WORK/src/rows.npy" ]]; then
+  "$PY" - "$WORK/src/rows.npy" "$ROWS_MB" <<'PY'
+import sys, numpy as np
+rows = int(sys.argv[2]) * 16  # 64 KiB rows
+a = np.lib.format.open_memmap(sys.argv[1], mode="w+", dtype=np.uint8, shape=(rows, 64 << 10))
+rng = np.random.default_rng(0)
+for i in range(0, rows, 1024):
+    a[i:i + 1024] = rng.integers(0, 256, size=a[i:i + 1024].shape, dtype=np.uint8)
+a.flush()
+PY
+fi
+chmod 644 "$WORK"/src/*
 cleanup() {
   for s in $SCRATCHES; do
     mountpoint -q "$WORK/$s/mnt" 2>/dev/null && fusermount3 -uz "$WORK/$s/mnt" || true
@@ -64,18 +81,20 @@ for s in $SCRATCHES; do
     local extra=$1 mode=$2
     # shellcheck disable=SC2086
     as_user "$STAGEFS" run $extra --mount "$WORK/src:$S/mnt:$S/cache" -- \
-      python3 "$HERE/direct_epoch.py" "$S/mnt" "$mode" "$S/mnt"
+      "$PY" "$HERE/direct_epoch.py" "$S/mnt" "$mode" "$S/mnt"
   }
   drop
   echo "$s epoch1 (fresh cache, staging): $(run_mount "" seq) (load $(load))"
+  [[ " $MODES " == *" rows "* ]] && echo "$s rows epoch1: $(run_mount "" rows) (load $(load))"
   # The copies complete in epoch 1 are verified in the background; let that finish.
   sleep 5
   for r in $(seq 1 "$ROUNDS"); do
     for mode in $MODES; do
-      drop; l=$(as_user python3 "$HERE/direct_epoch.py" "$S/local" "$mode")
+      drop; l=$(as_user "$PY" "$HERE/direct_epoch.py" "$S/local" "$mode")
       drop; d=$(run_mount "" "$mode")
       drop; f=$(run_mount --no-direct "$mode")
-      python3 - "$s" "$mode" "$r" "$gb" "$l" "$d" "$f" "$(load)" <<'PY'
+      g=$gb; [[ $mode == rows ]] && g=$rows_gb
+      python3 - "$s" "$mode" "$r" "$g" "$l" "$d" "$f" "$(load)" <<'PY'
 import sys
 s, mode, r, gb = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 l, d, f = (list(map(float, a.split())) for a in sys.argv[5:8])

@@ -1,7 +1,10 @@
 """One epoch of bench/mount/large_reader.py over DIRECTORY in MODE, with the CPU of the stagefs
 daemon serving it when MOUNT is given (the mount's stats file names its pid), and the mount's
 direct-read counters. Run by bench/mount/direct.sh, inside `stagefs run` for the mount sides.
-Prints: wall seconds, reader CPU seconds, daemon CPU seconds, direct opens, bytes_direct.
+Mode `rows`: one shuffled epoch of `stagefs.Loader` over DIRECTORY/rows.npy (64 KiB rows,
+batches of 64, seed 0: the same order on both sides; needs numpy and stagefs, e.g. the repo's
+.venv python). Prints: wall seconds, reader CPU seconds, daemon CPU seconds, direct opens,
+bytes_direct.
 
     python3 direct_epoch.py DIRECTORY MODE [MOUNT]
 """
@@ -25,12 +28,32 @@ def daemon(mount):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), stats
 
 
+def loader_epoch(path):
+    """Wall and CPU seconds of one shuffled Loader epoch over `path`."""
+    import time
+
+    import stagefs
+
+    loader = stagefs.Loader([path], 64, shuffle=True, seed=0, tensors="numpy")
+    t0, c0 = time.perf_counter(), os.times()
+    rows = 0
+    for (batch,) in loader:
+        rows += len(batch)
+    c1 = os.times()
+    assert rows == loader.rows, (rows, loader.rows)
+    return [f"{time.perf_counter() - t0:.3f}", f"{c1.user - c0.user + c1.system - c0.system:.3f}"]
+
+
 def main():
     directory, mode = sys.argv[1], sys.argv[2]
     mount = sys.argv[3] if len(sys.argv) > 3 else None
     c0, s0 = daemon(mount)
-    out = subprocess.run([sys.executable, os.path.join(HERE, "large_reader.py"), directory, mode],
-                         check=True, capture_output=True, text=True).stdout.split()
+    if mode == "rows":
+        out = loader_epoch(os.path.join(directory, "rows.npy"))
+    else:
+        out = subprocess.run(
+            [sys.executable, os.path.join(HERE, "large_reader.py"), directory, mode],
+            check=True, capture_output=True, text=True).stdout.split()
     c1, s1 = daemon(mount)
     opens = s1.get("direct_opens", 0) - s0.get("direct_opens", 0)
     direct = s1.get("bytes_direct", 0) - s0.get("bytes_direct", 0)
