@@ -244,30 +244,20 @@ fn decode_parquet_inner(
     // Page headers checked and their buffers reserved from the process's one decode budget
     // before the parquet crate allocates from them (the views' bound: a 1 KB file's pages
     // claimed 2 GiB each). Held until this row group's decode is done.
-    let _buffers = {
-        use std::os::unix::fs::FileExt;
-        stagefs_parquet_bounds::reserve_decode(
-            meta.metadata(),
-            rg..rg + 1,
-            projection,
-            &input.path.display().to_string(),
-            &mut |at, len| {
-                let mut buf = vec![0u8; len];
-                let mut got = 0;
-                while got < len {
-                    match file.read_at(&mut buf[got..], at + got as u64) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-                buf.truncate(got);
-                Ok(bytes::Bytes::from(buf))
-            },
-        )
-        .map_err(|e| data_err(&e))?
-    };
+    let _buffers = stagefs_parquet_bounds::reserve_decode(
+        meta.metadata(),
+        rg..rg + 1,
+        projection,
+        &input.path.display().to_string(),
+        &mut |at, len| {
+            let mut buf = vec![0u8; len];
+            let got = stagefs_parquet_bounds::read_full_at(&file, &mut buf, at)
+                .map_err(|e| e.to_string())?;
+            buf.truncate(got);
+            Ok(bytes::Bytes::from(buf))
+        },
+    )
+    .map_err(|e| data_err(&e))?;
     let mask = ProjectionMask::roots(meta.parquet_schema(), projection.iter().copied());
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
         .with_row_groups(vec![rg])

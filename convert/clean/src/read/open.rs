@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Field, Schema};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use stagefs_parquet_bounds::HeaderFields;
 
 use super::schema::{dedup_schema, infer_csv, pandas_csv_type};
 use super::{human_bytes, io_err, Input, Kind};
@@ -96,24 +97,14 @@ fn header_fields(path: &Path, limit: usize, max_record: u64) -> Result<usize, Cl
     let f = File::open(path).map_err(|e| io_err(path, e))?;
     let mut r = BufReader::with_capacity(1 << 16, f).take(max_record);
     let mut buf = [0u8; 1 << 16];
-    let (mut fields, mut in_quotes) = (1usize, false);
+    let mut scan = HeaderFields::new(limit);
     loop {
         let n = r.read(&mut buf).map_err(|e| io_err(path, e))?;
         if n == 0 {
-            return Ok(fields);
+            return Ok(scan.fields());
         }
-        for &b in &buf[..n] {
-            match b {
-                b'"' => in_quotes = !in_quotes,
-                b',' if !in_quotes => {
-                    fields += 1;
-                    if fields > limit {
-                        return Ok(fields);
-                    }
-                }
-                b'\n' if !in_quotes => return Ok(fields),
-                _ => {}
-            }
+        if let Some(fields) = scan.feed(&buf[..n]) {
+            return Ok(fields);
         }
     }
 }
