@@ -1,4 +1,4 @@
-//! Issue 22, item 5: the cleaning job (`convert --to parquet`) under memory pressure fails
+//! The cleaning job (`convert --to parquet`) under memory pressure fails
 //! cleanly (a message, exit status 1, no hang), and a hostile long line costs a bounded
 //! amount before it is refused.
 

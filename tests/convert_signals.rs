@@ -1,4 +1,4 @@
-//! Issue 22: `stagefs convert` stopped by a signal leaves no hidden temporary in OUT.
+//! `stagefs convert` stopped by a signal leaves no hidden temporary in OUT.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

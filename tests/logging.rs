@@ -1,4 +1,4 @@
-//! Log output written to files carries no terminal colour codes (issue 10: the mount's
+//! Log output written to files carries no terminal colour codes (a regression: the mount's
 //! `CACHE/stagefs.log` held ANSI escapes). Every subcommand logs through one set-up
 //! (`src/cli/logging.rs`); `convert` with a corrupt image is a quick way to make it log.
 #![allow(clippy::unwrap_used)] // tests may unwrap (docs/development.md#conventions)

@@ -204,7 +204,7 @@ fn source_changed_since_the_snapshot_is_estale_never_other_bytes() {
 }
 
 fn bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite() {
-    // Issue 22 item 3, through a real mount: read 4 KiB with --no-staging, unmount, rewrite the
+    // Through a real mount: read 4 KiB with --no-staging, unmount, rewrite the
     // file in place with other bytes of the same size and set its mtime back (touch -r), remount:
     // `cat` must give ESTALE or the new bytes whole, never a mix of old cached and new blocks.
     let (tmp, src) = fresh();
@@ -236,7 +236,7 @@ fn bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite() {
 }
 
 fn two_mounts_on_one_cache_the_second_is_refused() {
-    // Issue 22, minor: two mounts sharing a cache directory overwrote each other's blocks.
+    // Regression: two mounts sharing a cache directory overwrote each other's blocks.
     let (tmp, src) = fresh();
     fs::write(src.join("f"), b"x").unwrap();
     let m = Mount::new(tmp.path(), &src, &[]);
@@ -778,7 +778,7 @@ fn regression_stats_read_in_pieces_under_activity_is_valid_json() {
     }
 }
 
-/// Issue 22, finding 4: renders held the FUSE threads, so twelve slow view reads made an `ls` of
+/// Regression: renders held the FUSE threads, so twelve slow view reads made an `ls` of
 /// an unrelated folder wait for them (29 s with twelve 4-CPU-s JPEGs), `stagefs umount` hung on
 /// the stats file, and the daemon could not end while it rendered. Here the slow inputs are CSV
 /// tables whose views take seconds each to render in a debug build (the whole file is parsed),
@@ -853,7 +853,7 @@ fn regression_slow_renders_do_not_starve_an_unrelated_listing_or_umount() {
     );
 }
 
-/// Issue 20: a sequential reader of a large cached file gets it pushed into the page cache
+/// A sequential reader of a large cached file gets it pushed into the page cache
 /// ahead of it (one request per push window instead of eight per MiB), byte-exact; readers in
 /// other orders (backwards, random offsets, mmap, several at once) are served byte-exact too;
 /// and a corrupted scratch block is never pushed (nor served).

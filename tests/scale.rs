@@ -100,7 +100,7 @@ fn two_hundred_thousand_small_files_read_exact_and_remount_lists_nothing() {
 /// binary, the snapshot, allocator slack) of 128 MiB.
 const RSS_BOUND: u64 = (64 + 64 + 2 * 34 + 128) << 20;
 
-/// Issue 20: the daemon's resident memory stays within [`RSS_BOUND`] whatever the number and
+/// The daemon's resident memory stays within [`RSS_BOUND`] whatever the number and
 /// size of the files read: 10,000 files of 4 MiB (sparse: the source costs no disk), 8
 /// readers, each read landing in another 1 MiB block of its file. Every file's last block
 /// remembered (what the daemon did before the budget) would be 10 GB.

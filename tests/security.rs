@@ -133,7 +133,7 @@ fn cache_dir_owned_by_other_user_is_refused() {
 fn run_default_cache_ignores_a_planted_predictable_dir() {
     let (victim, other) = users();
     let n = node(victim);
-    // The name turn 1 used: TMPDIR/stagefs-cache-<hash of SRC> (planted for any hash: every
+    // The default cache name of earlier versions: TMPDIR/stagefs-cache-<hash of SRC> (planted for any hash: every
     // name the victim could pick in the shared dir directly is refused or unused anyway).
     let src = n.home.join("src");
     let mnt = n.home.join("mnt");

@@ -341,7 +341,7 @@ fn type_changes_replace_the_destination_entry() {
     assert_eq!(std::fs::read(dst.join("y")).unwrap(), b"now a file");
 }
 
-/// Issue 10, item 5: `sync SRC DST --delete` with SRC inside DST deleted SRC itself and the
+/// Regression: `sync SRC DST --delete` with SRC inside DST deleted SRC itself and the
 /// rest of DST. Now refused, with nothing touched; without --delete it runs and never writes
 /// into or over SRC.
 fn sync_delete_refuses_src_inside_dst() {
@@ -395,7 +395,7 @@ fn sync_delete_refuses_src_inside_dst() {
     }
 }
 
-/// Issue 10, item 6: sync deleted any file in DST named `.stagefs-tmp.*`, even without
+/// Regression: sync deleted any file in DST named `.stagefs-tmp.*`, even without
 /// --delete, and skipped such files in SRC. Only names of stagefs's exact pattern are
 /// temporaries now.
 fn sync_removes_only_its_own_temporaries() {
@@ -440,7 +440,7 @@ fn sync_removes_only_its_own_temporaries() {
     assert!(dst.join(".stagefs-tmp.notes").exists());
 }
 
-/// Issue 10: two nodes syncing into one DST judged each other's temporaries by a pid on their
+/// Regression: two nodes syncing into one DST judged each other's temporaries by a pid on their
 /// own node, and deleted live ones. A temporary written on another node (another boot id or
 /// pid namespace) is left alone while it is young, whatever its pid means here.
 fn sync_keeps_live_temporaries_of_another_node() {
@@ -522,7 +522,7 @@ fn sync_keeps_live_temporaries_of_another_node() {
     }
 }
 
-/// Issue 10, item 6: sync opened SRC files by path after planning, so a symlink swapped in
+/// Regression: sync opened SRC files by path after planning, so a symlink swapped in
 /// mid-run was followed (a root-run sync copied /etc/shadow into DST). Two real users: the
 /// victim syncs a SRC that holds a shared drop directory (sticky, world-writable, as shared
 /// scratch dirs are); the attacker swaps their file there for a symlink to the victim's

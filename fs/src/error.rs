@@ -73,21 +73,12 @@ impl From<SourceError> for FsError {
     }
 }
 
-/// The errno a source error stands for (also recorded for a directory that failed to list).
-pub(crate) fn source_errno(e: &SourceError) -> i32 {
-    match e {
-        SourceError::Changed { .. } | SourceError::Gone { .. } => libc::ESTALE,
-        SourceError::Outside { .. } => libc::EACCES,
-        SourceError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-    }
-}
-
 fn snapshot_errno(e: &SnapshotError) -> i32 {
     match e {
         // A directory that disappeared since the snapshot has nothing to list; other source
         // errors keep their errno (EACCES of an unreadable directory, EIO of a failing disk).
         SnapshotError::Source(SourceError::Gone { .. }) => libc::ENOENT,
-        SnapshotError::Source(s) | SnapshotError::Root { source: s, .. } => source_errno(s),
+        SnapshotError::Source(s) | SnapshotError::Root { source: s, .. } => s.errno(),
         SnapshotError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         SnapshotError::Corrupt { .. } | SnapshotError::WrongFormat { .. } => libc::EIO,
         SnapshotError::TimedOut { .. } => libc::ETIMEDOUT,
@@ -111,7 +102,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::NotSymlink => libc::EINVAL,
             FsError::Internal => libc::EIO,
-            FsError::Stale(e) | FsError::Source(e) => source_errno(e),
+            FsError::Stale(e) | FsError::Source(e) => e.errno(),
             FsError::Snapshot(e) => snapshot_errno(e),
             FsError::IndexMismatch { .. } => libc::EINVAL,
             FsError::Cache(CacheError::Unsafe { .. }) => libc::EACCES,

@@ -183,7 +183,7 @@ fn rewrite_in_place_keeping_size_and_mtime(path: &std::path::Path, data: &[u8]) 
 
 #[test]
 fn bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite() {
-    // Issue 22 item 3: read the first 4 KiB (cached), unmount, rewrite in place with other
+    // Read the first 4 KiB (cached), unmount, rewrite in place with other
     // bytes of the same size and restore the mtime, remount: the old cached block and the new
     // source blocks must never be served together.
     let (_t, src, cache) = setup();
@@ -212,7 +212,7 @@ fn bytes_that_never_existed_after_a_remount_same_size_same_mtime_rewrite() {
 
 #[test]
 fn bytes_that_never_existed_after_a_remount_regenerated_tree_at_the_same_path() {
-    // Issue 22 item 3: the tree at the source path is removed and generated again (same
+    // The tree at the source path is removed and generated again (same
     // names, same sizes, mtimes set back); the remount must serve the new tree, not the kept
     // snapshot and its cached bytes.
     let (_t, src, cache) = setup();
@@ -376,7 +376,7 @@ fn views_carry_the_owner_and_read_bits_of_their_input() {
     c.shutdown();
 }
 
-/// Issue 20: every active file remembered its last block, so 4096 files read once could pin
+/// Regression: every active file remembered its last block, so 4096 files read once could pin
 /// 4 GiB of 1 MiB blocks. The remembered blocks are bounded for the whole daemon, and reads
 /// stay exact past the bound.
 #[test]
@@ -404,7 +404,7 @@ fn remembered_blocks_stay_within_their_budget_however_many_files_are_read() {
     );
 }
 
-/// Issue 20, found by the small-file CPU figure: every small file read whole remembered its
+/// Regression, found by the small-file CPU figure: every small file read whole remembered its
 /// block, so a pass over 10,000 of them held the whole budget for nothing, and a large file
 /// read afterwards got no memo: each of its 128 KiB pieces re-read and re-checksummed its
 /// 1 MiB block (seq epochs 2.8 s instead of 1.2 s on the benchmark's 2 GB).
@@ -457,7 +457,7 @@ fn regression_small_files_read_whole_leave_the_memo_budget_to_large_files() {
 
 #[test]
 fn two_mounts_on_one_cache_the_second_is_refused() {
-    // Issue 22, minor: two mounts sharing one cache directory overwrote each other's blocks.
+    // Regression: two mounts sharing one cache directory overwrote each other's blocks.
     let (tmp, src, cache) = setup();
     let (c, _) = mount(config(&src, &cache));
     let other = tmp.path().join("src2");

@@ -37,6 +37,20 @@ pub enum SourceError {
     },
 }
 
+impl SourceError {
+    /// The errno this error stands for: `ESTALE` for a file that changed or vanished (serving
+    /// it would mix versions), `EACCES` for a path outside the source, the OS error of an I/O
+    /// failure (`EIO` when it has none). The filesystem's errno map answers source errors with
+    /// it, and a directory that failed to list records it.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SourceError::Changed { .. } | SourceError::Gone { .. } => libc::ESTALE,
+            SourceError::Outside { .. } => libc::EACCES,
+            SourceError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
 /// A failure of the scratch cache itself. Callers treat these as misses and read the source:
 /// a broken cache must never fail a read that the source can serve.
 #[derive(Debug, Error)]

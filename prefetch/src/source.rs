@@ -459,6 +459,8 @@ pub fn read_uninit(file: &File, buf: &mut BytesMut, len: usize, off: u64) -> io:
 }
 
 /// A `FileExt` read of exactly `buf.len()` bytes (or fewer at end of file).
+// The table readers' copy is `stagefs_parquet_bounds::read_full_at`: the cache depends on no
+// table crate (that one would bring the parquet crate), and no crate lies below both.
 pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {

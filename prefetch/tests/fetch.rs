@@ -239,7 +239,7 @@ fn hung_source_fails_its_reader_after_the_timeout_and_others_are_served() {
 
 #[test]
 fn staging_keeps_running_while_a_reader_waits_on_the_source() {
-    // Turn 1 ran staging only when no reader waited: on a shuffled epoch, that is never.
+    // Regression: staging ran only when no reader waited: on a shuffled epoch, that is never.
     let mut s = TestSource::new(8 * BLOCK_SIZE as usize, 5);
     s.hang_block = Some(0);
     let (_t, src, f, e) = setup(s, cfg(4));

@@ -459,7 +459,7 @@ fn index_of_another_format_is_discarded() {
 }
 
 #[test]
-fn turn_one_cache_format_is_removed() {
+fn an_older_cache_format_is_removed() {
     let tmp = tempfile::tempdir().unwrap();
     fs::create_dir_all(tmp.path().join("v1/ab")).unwrap();
     fs::write(tmp.path().join("v1/ab/0000.data"), b"x").unwrap();
@@ -469,7 +469,7 @@ fn turn_one_cache_format_is_removed() {
 
 #[test]
 fn regression_many_small_files_do_not_exhaust_descriptors() {
-    // Turn 1 kept one descriptor per cached file (EMFILE after ~1000 files).
+    // The v1 cache kept one descriptor per cached file (EMFILE after ~1000 files).
     let fds = || fs::read_dir("/proc/self/fd").unwrap().count();
     let tmp = tempfile::tempdir().unwrap();
     let (s, _, _) = open(tmp.path(), 1 << 30);
@@ -487,7 +487,7 @@ fn regression_many_small_files_do_not_exhaust_descriptors() {
 
 #[test]
 fn two_mounts_on_one_cache_the_second_is_refused() {
-    // Issue 22, minor: two mounts sharing a cache directory overwrote each other's blocks.
+    // Regression: two mounts sharing a cache directory overwrote each other's blocks.
     let tmp = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
         dir: tmp.path().to_path_buf(),
@@ -517,7 +517,7 @@ fn two_mounts_on_one_cache_the_second_is_refused() {
 
 #[test]
 fn large_image_size_slot_survives_a_remount() {
-    // Issue 22, minor: with --image-size >= ~4730 a rendered slot is over 64 MiB, which the
+    // Regression: with --image-size >= ~4730 a rendered slot is over 64 MiB, which the
     // log replay rejected (damaged=true) although insert had stored it.
     let tmp = tempfile::tempdir().unwrap();
     let slot = pattern(5, 4800 * 4800 * 3);

@@ -4,10 +4,9 @@
 //! `CACHE/stagefs.log`) and waits on a pipe until the daemon reports the mount usable or fails;
 //! so a script can use the mount on the very next line, and errors reach the terminal.
 
-use std::ffi::CString;
 use std::fs;
 use std::io::{BufRead, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -15,6 +14,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use rustix::fs::Access;
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
+use rustix::pipe::PipeFlags;
+use rustix::process::Pid;
 use stagefs_fs::mount::{mount, MountOptions};
 use stagefs_fs::{CacheDir, FetchConfig};
 use stagefs_fs::{FsConfig, FsCore};
@@ -158,7 +162,7 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         bail!("source {} is not a directory", args.source.display());
     }
     match fs::metadata(&args.mountpoint) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+        Err(e) if e.raw_os_error() == Some(Errno::NOTCONN.raw_os_error()) => bail!(
             "{} is a stale mount (its daemon died): run `stagefs umount {}` first",
             args.mountpoint.display(),
             args.mountpoint.display()
@@ -209,12 +213,8 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse does not exist: this node has no FUSE support (ask your admins to load the fuse module)");
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        let dev = CString::new("/dev/fuse").map_err(anyhow::Error::msg)?;
-        // SAFETY: access() reads a valid C string.
-        if unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+    if !rustix::process::geteuid().is_root() {
+        if rustix::fs::access("/dev/fuse", Access::READ_OK | Access::WRITE_OK).is_err() {
             bail!("/dev/fuse is not usable by this user (mode is not 0666): an admin must run `chmod 0666 /dev/fuse`");
         }
         if which("fusermount3").is_none() {
@@ -275,13 +275,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 fn daemonize(args: &Args) -> anyhow::Result<i32> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe writes two descriptors into the array we own.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        bail!("pipe: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned here alone.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // Without O_CLOEXEC, as pipe(2): the daemon inherits the write end (--ready-fd).
+    let (rd, wr) = rustix::pipe::pipe_with(PipeFlags::empty())
+        .map_err(|e| anyhow::anyhow!("pipe: {}", std::io::Error::from(e)))?;
     let log_path = args.cache.join(LOG_FILE);
     let log = CacheDir::open(&args.cache)?
         .open_append(LOG_FILE)
@@ -296,11 +292,12 @@ fn daemonize(args: &Args) -> anyhow::Result<i32> {
         .stdout(log.try_clone()?)
         .stderr(log);
     let rd_raw = rd.as_raw_fd();
-    // SAFETY: the closure only calls async-signal-safe functions (setsid, close).
+    // SAFETY: the closure only makes async-signal-safe system calls (setsid, close), and
+    // closes the child's copy of the read end, which nothing else in the child owns.
     unsafe {
         cmd.pre_exec(move || {
-            libc::setsid();
-            libc::close(rd_raw);
+            let _ = rustix::process::setsid();
+            rustix::io::close(rd_raw);
             Ok(())
         });
     }
@@ -457,13 +454,16 @@ fn raise_kernel_readahead(mountpoint: &Path) {
         return;
     };
     let dev = meta.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     if let Err(e) = fs::write(&path, b"1024") {
         tracing::debug!(error = %e, path, "could not raise the mount's read-ahead");
     }
 }
 
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread (and the threads it starts), for
+/// `sigwait`. On libc: rustix offers no signal masks or `sigwait` outside its `runtime`
+/// feature, which is for implementing a libc, not for programs that use one.
 fn block_signals() -> anyhow::Result<libc::sigset_t> {
     // SAFETY: sigset operations on a zeroed set we own; pthread_sigmask on the calling thread.
     unsafe {
@@ -510,18 +510,17 @@ enum Unmount {
 
 /// One unmount attempt: umount2 as root, else `fusermount3 -u`.
 fn unmount_once(path: &Path, lazy: bool) -> anyhow::Result<Unmount> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let c = CString::new(path.as_os_str().as_bytes())?;
-        let flags = if lazy { libc::MNT_DETACH } else { 0 };
-        // SAFETY: umount2 reads a valid C string.
-        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
-            return Ok(Unmount::Done);
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EBUSY) {
-            return Ok(Unmount::Busy);
-        }
+    if rustix::process::geteuid().is_root() {
+        let flags = if lazy {
+            UnmountFlags::DETACH
+        } else {
+            UnmountFlags::empty()
+        };
+        let err = match rustix::mount::unmount(path, flags) {
+            Ok(()) => return Ok(Unmount::Done),
+            Err(Errno::BUSY) => return Ok(Unmount::Busy),
+            Err(e) => std::io::Error::from(e),
+        };
         if which("fusermount3").is_none() {
             bail!("unmounting {}: {err}", path.display());
         }
@@ -585,8 +584,15 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
     unmount_path(&args.mountpoint, args.lazy || pid.is_none())?;
     if let Some(pid) = pid {
         let deadline = Instant::now() + Duration::from_secs(30);
-        // SAFETY: kill with signal 0 only checks that the process exists.
-        while unsafe { libc::kill(pid as i32, 0) } == 0 && Instant::now() < deadline {
+        // Signal 0 only checks that the process exists. A pid that is no process id (0, or
+        // past i32) is not waited for.
+        let pid = i32::try_from(pid)
+            .ok()
+            .filter(|&p| p > 0)
+            .and_then(Pid::from_raw);
+        while pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

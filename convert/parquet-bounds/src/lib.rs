@@ -15,9 +15,15 @@
 //! decoded) and its largest page — are then reserved from one process-wide [`budget`]
 //! before the decode starts. A decode that cannot get them fails with a reason, which the
 //! mount answers with EIO and logs; the process never allocates them.
+//!
+//! Two small pieces both table readers share ride along, as this is the one crate below both:
+//! [`csv_header`], the bounded count of a CSV header's fields (the CSV counterpart of the
+//! page checks), and [`read_at`], the positioned read that stops short only at end of file.
 
 pub mod budget;
+pub mod csv_header;
 pub mod header;
+pub mod read_at;
 pub mod testing;
 
 use std::ops::Range;
@@ -28,7 +34,9 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 use parquet::schema::types::ColumnDescriptor;
 
 pub use budget::{MemoryBudget, OverBudget, Reservation};
+pub use csv_header::HeaderFields;
 use header::{HeaderError, PageKind};
+pub use read_at::read_full_at;
 
 /// Largest uncompressed page accepted: 256 MiB. Every current writer cuts pages at about
 /// 1 MiB (pyarrow, arrow-rs, parquet-mr, Spark, polars, DuckDB); old writers that put a whole

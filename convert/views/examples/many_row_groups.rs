@@ -1,5 +1,5 @@
 //! Writes a Parquet file of many small row groups (one int64 column `x`, row i holding 3i),
-//! the shape of issue 22's lock-up, for timing `stagefs convert --to npy` and the mount on it.
+//! the shape that once locked the mount up, for timing `stagefs convert --to npy` and the mount on it.
 //!
 //! `cargo run --release -p stagefs-views --example many_row_groups -- OUT.parquet [GROUPS] [ROWS_PER_GROUP]`
 //! (defaults: 100000 groups of 1 row).

@@ -8,7 +8,6 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read, Seek};
-use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
 
@@ -186,16 +185,7 @@ impl ByteSource for DirSource {
 
     fn read_at(&self, rel: &Path, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let file = File::open(self.resolve(rel)?)?;
-        let mut done = 0;
-        while done < buf.len() {
-            match file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        stagefs_parquet_bounds::read_full_at(&file, buf, offset)
     }
 
     fn read_at_append(

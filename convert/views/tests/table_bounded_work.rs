@@ -1,4 +1,4 @@
-//! Issue 22: one table file must never take down or lock up the mount. The cost of a read is
+//! One table file must never take down or lock up the mount. The cost of a read is
 //! proved by counting work (blocks and row groups decoded, source requests), not by timing.
 //! Each test is named after the finding it pins.
 

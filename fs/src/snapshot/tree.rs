@@ -451,7 +451,7 @@ impl Tree {
     pub fn dir_failed(&mut self, d: u32, e: &stagefs_prefetch::SourceError) {
         if let Some(dir) = self.dirs.get_mut(d as usize) {
             dir.state = DirState::Failed;
-            dir.errno = crate::error::source_errno(e);
+            dir.errno = e.errno();
         }
         self.record_error(format!("{e}; directory skipped"));
     }

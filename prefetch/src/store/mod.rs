@@ -61,7 +61,7 @@ use entries::Entries;
 pub use entries::{Loaded, LoadedEntry, MAX_SLOT_BYTES};
 use eviction::{lru_key, Eviction};
 pub use scratch::verify_block;
-use scratch::{aligned, punch_hole, SegState};
+use scratch::{aligned, punch_hole, DirectRead, SegState};
 
 /// Own data files kept open (and as many direct-read descriptors of them): enough for the
 /// large files being read and staged at once, far below the descriptor limit.
@@ -128,7 +128,7 @@ impl CacheStore {
         let top = CacheDir::open(&cfg.dir)?;
         // Before anything is read or written: another mount of this cache would change both.
         let held = top.lock()?;
-        // Caches of older formats (turn 1: one header + data file per source file).
+        // Caches of older formats (v1: one header + data file per source file).
         for old in ["v1"] {
             if top.exists(old) {
                 if let Err(e) = top.remove_tree(old) {
@@ -237,8 +237,9 @@ impl CacheStore {
             loc
         };
         let got = match self.read_direct(loc) {
-            Some(got) => got,
-            None => {
+            DirectRead::Block(bytes) => Some(bytes),
+            DirectRead::Bad => None,
+            DirectRead::NotDirect => {
                 let (file, off) = self.locate(loc)?;
                 scratch::read_verified(&file, off, loc)
             }

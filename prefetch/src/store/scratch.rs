@@ -193,31 +193,42 @@ pub(super) fn read_verified_direct(file: &File, off: u64, loc: Loc) -> io::Resul
     Ok(verify_block(&bytes, loc).then_some(bytes))
 }
 
+/// What [`CacheStore::read_direct`] found.
+pub(super) enum DirectRead {
+    /// The block, read and verified.
+    Block(Bytes),
+    /// The block is missing or failed its checksum (a miss).
+    Bad,
+    /// No direct read was made (off, unsupported, or no descriptor): read the block through
+    /// the page cache.
+    NotDirect,
+}
+
 impl CacheStore {
-    /// Block `loc` read with `O_DIRECT` and verified (`Some(None)`: missing or corrupt);
-    /// `None` when direct reads are off or this filesystem has none (the caller then reads
-    /// through the page cache).
-    pub(super) fn read_direct(&self, loc: Loc) -> Option<Option<Bytes>> {
+    /// Block `loc` read with `O_DIRECT` and verified; [`DirectRead::NotDirect`] when direct
+    /// reads are off or this filesystem has none (the caller then reads through the page cache).
+    pub(super) fn read_direct(&self, loc: Loc) -> DirectRead {
         if loc.seg & OWN_FILE == 0 || !self.direct.load(Relaxed) {
-            return None;
+            return DirectRead::NotDirect;
         }
         let file = match self.direct_file(loc.seg & !OWN_FILE) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 self.direct_unsupported(&e);
-                return None;
+                return DirectRead::NotDirect;
             }
             // The file is gone: its blocks are.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return DirectRead::Bad,
             // Anything else (out of descriptors, say) says nothing of the block: read it
             // through the page cache as before.
-            Err(_) => return None,
+            Err(_) => return DirectRead::NotDirect,
         };
         match read_verified_direct(&file, u64::from(loc.off4k) * ALIGN, loc) {
-            Ok(got) => Some(got),
+            Ok(Some(bytes)) => DirectRead::Block(bytes),
+            Ok(None) => DirectRead::Bad,
             Err(e) => {
                 self.direct_unsupported(&e);
-                None
+                DirectRead::NotDirect
             }
         }
     }

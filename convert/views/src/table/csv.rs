@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::ArrayRef;
 use arrow::csv::reader::{Format, ReaderBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use stagefs_parquet_bounds::HeaderFields;
 
 use super::{BlockReader, ColumnPlan};
 use crate::error::ViewError;
@@ -233,29 +234,20 @@ pub(crate) fn open(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewE
 /// one bounded scan. Returns the count (or `limit + 1`).
 fn header_fields(src: &dyn ByteSource, rel: &Path, limit: usize) -> Result<usize, ViewError> {
     let mut buf = vec![0u8; 64 << 10];
-    let (mut pos, mut fields, mut in_quotes) = (0u64, 1usize, false);
+    let mut pos = 0u64;
+    let mut scan = HeaderFields::new(limit);
     loop {
         let n = src.read_at(rel, pos, &mut buf)?;
         if n == 0 {
-            return Ok(fields);
+            return Ok(scan.fields());
         }
-        for &b in &buf[..n] {
-            match b {
-                b'"' => in_quotes = !in_quotes,
-                b',' if !in_quotes => {
-                    fields += 1;
-                    if fields > limit {
-                        return Ok(fields);
-                    }
-                }
-                b'\n' if !in_quotes => return Ok(fields),
-                _ => {}
-            }
+        if let Some(fields) = scan.feed(&buf[..n]) {
+            return Ok(fields);
         }
         pos += n as u64;
         if pos > MAX_RECORD_BYTES {
             // The record guard below reports this with its own message.
-            return Ok(fields);
+            return Ok(scan.fields());
         }
     }
 }
