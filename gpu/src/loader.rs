@@ -41,6 +41,7 @@ use crate::augment::{Geometry, Scratch, Table, Transform};
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
 use crate::hints::Hinter;
+use crate::partition::{node_epoch_order, NodeLayout, Segment};
 use crate::plan::shuffle;
 use crate::source::Source;
 use crate::stats::{add_since, Counters, Stats};
@@ -109,6 +110,9 @@ pub struct LoaderConfig {
     pub transform: Option<Transform>,
     /// Tell a stagefs mount holding the files which rows are read next ([`crate::hints`]).
     pub hints: bool,
+    /// Keep each node on its own part of the rows ([`crate::partition`]); `None`: split one
+    /// global permutation as `DistributedSampler` does.
+    pub partition: Option<NodeLayout>,
 }
 
 impl Default for LoaderConfig {
@@ -126,6 +130,7 @@ impl Default for LoaderConfig {
             readers: 2,
             transform: None,
             hints: true,
+            partition: None,
         }
     }
 }
@@ -281,7 +286,7 @@ impl<D: Device> Loader<D> {
     pub fn new(
         device: Arc<D>,
         sources: Vec<Source>,
-        config: LoaderConfig,
+        mut config: LoaderConfig,
     ) -> Result<Self, StreamError> {
         let first = sources
             .first()
@@ -304,6 +309,13 @@ impl<D: Device> Loader<D> {
                 "rank {} is not in 0..world_size ({})",
                 config.rank, config.world_size
             )));
+        }
+        if let Some(p) = &mut config.partition {
+            p.check(config.world_size)?;
+            if p.chunk_rows == 0 {
+                let row_bytes: u64 = sources.iter().map(|s| s.row_bytes).sum();
+                p.chunk_rows = (crate::partition::CHUNK_BYTES / row_bytes.max(1)).max(1);
+            }
         }
         if config.ring == 0 {
             return Err(StreamError::Config(
@@ -435,10 +447,23 @@ impl<D: Device> Loader<D> {
     /// Batches of the rest of an epoch after `start` positions of its permutation were
     /// consumed ([`epoch_order_from`]).
     pub fn batches_from(&self, start: u64) -> u64 {
-        let rows = self
-            .rows
-            .saturating_sub(start)
-            .div_ceil(self.config.world_size);
+        let rows = match &self.config.partition {
+            Some(_) => self.order_from(0, start).len() as u64,
+            None => self
+                .rows
+                .saturating_sub(start)
+                .div_ceil(self.config.world_size),
+        };
+        self.batches_of(rows)
+    }
+
+    /// Batches of the rest of an epoch after the runs `before` of it ([`Loader::order_after`]).
+    pub fn batches_after(&self, before: &[Segment]) -> u64 {
+        self.batches_of(self.order_after(0, before).len() as u64)
+    }
+
+    /// Batches of a rank's order of `rows` positions.
+    fn batches_of(&self, rows: u64) -> u64 {
         if self.config.drop_last {
             rows / self.config.batch_size
         } else {
@@ -474,6 +499,10 @@ impl<D: Device> Loader<D> {
     /// The rows this rank visits in the rest of `epoch` from `start` ([`epoch_order_from`]).
     pub fn order_from(&self, epoch: u64, start: u64) -> Vec<u64> {
         let c = &self.config;
+        if let Some(p) = &c.partition {
+            let before = (start > 0).then(|| p.segment(c.world_size, start));
+            return self.order_after(epoch, before.as_slice());
+        }
         epoch_order_from(
             self.rows,
             c.shuffle,
@@ -483,6 +512,24 @@ impl<D: Device> Loader<D> {
             c.rank,
             c.world_size,
         )
+    }
+
+    /// The rows this rank visits in the rest of `epoch` after the runs `before` of it
+    /// ([`crate::partition::node_epoch_order`]); without a node partition, after the positions
+    /// they consumed together.
+    pub fn order_after(&self, epoch: u64, before: &[Segment]) -> Vec<u64> {
+        let c = &self.config;
+        match &c.partition {
+            Some(p) => node_epoch_order(
+                &p.order(self.rows, c.shuffle, c.seed),
+                epoch,
+                before,
+                c.world_size / p.local_world_size,
+                p.local_world_size,
+                c.rank,
+            ),
+            None => self.order_from(epoch, before.iter().map(|s| s.consumed).sum()),
+        }
     }
 
     /// Counters over all epochs so far; `elapsed` is the time spent inside epochs.
@@ -508,6 +555,16 @@ impl<D: Device> Loader<D> {
     /// Starts the rest of epoch `epoch` after `start` positions of its permutation were
     /// consumed by all ranks together (a resumed epoch, [`epoch_order_from`]).
     pub fn epoch_from(&self, epoch: u64, start: u64) -> Result<Epoch<D>, StreamError> {
+        self.epoch_with(epoch, self.order_from(epoch, start))
+    }
+
+    /// Starts the rest of epoch `epoch` after the runs `before` of it ([`Loader::order_after`]).
+    pub fn epoch_after(&self, epoch: u64, before: &[Segment]) -> Result<Epoch<D>, StreamError> {
+        self.epoch_with(epoch, self.order_after(epoch, before))
+    }
+
+    /// Starts an epoch that visits `order`.
+    fn epoch_with(&self, epoch: u64, order: Vec<u64>) -> Result<Epoch<D>, StreamError> {
         if self.ring.running.swap(true, Ordering::AcqRel) {
             return Err(StreamError::Config(
                 "another epoch of this loader is still running; finish or drop it first".into(),
@@ -518,9 +575,9 @@ impl<D: Device> Loader<D> {
             .epoch_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        let order: Arc<[u64]> = self.order_from(epoch, start).into();
+        let batches = self.batches_of(order.len() as u64);
+        let order: Arc<[u64]> = order.into();
         let batch_size = self.config.batch_size;
-        let batches = self.batches_from(start);
         let seed = self.config.seed;
         let cancel = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = bounded::<()>(0);
@@ -548,6 +605,16 @@ impl<D: Device> Loader<D> {
         };
         // Hints first, so the first window reaches the daemon ahead of the readers.
         if let Some(h) = self.hints.clone().filter(|h| !h.is_off()) {
+            if let Some(p) = &self.config.partition {
+                // This node's part of this epoch and the next: what its mount stages.
+                let c = &self.config;
+                let nodes = c.world_size / p.local_world_size;
+                let o = p.order(self.rows, c.shuffle, c.seed);
+                let node = c.rank / p.local_world_size;
+                let mut ranges = crate::partition::node_ranges(&o, epoch, nodes, node);
+                ranges.extend(crate::partition::node_ranges(&o, epoch + 1, nodes, node));
+                h.send_scope(epoch, &ranges);
+            }
             let row_bytes: u64 = h.sources().map(|i| self.ring.sources[i].row_bytes).sum();
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
             let (order, cancel, stop_rx) = (order.clone(), cancel.clone(), stop_rx.clone());
