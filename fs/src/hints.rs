@@ -139,6 +139,9 @@ pub struct Hint {
     pub path: String,
     /// `(offset, len)` pairs, in the order they will be read.
     pub ranges: Vec<(u64, u64)>,
+    /// A scope line (`"scope": generation`): the ranges are this node's declared part
+    /// ([`crate::scope`]), not bytes to fetch now, so the per-line byte bound does not apply.
+    pub scope: Option<u64>,
 }
 
 /// Parses and bounds one line (without its newline). Sizes are checked against the file later.
@@ -162,6 +165,13 @@ pub fn parse(line: &[u8]) -> Result<Hint, Rejected> {
     if ranges.len() > MAX_RANGES {
         return Err(Rejected::TooManyRanges(ranges.len()));
     }
+    let scope = match obj.get("scope") {
+        None => None,
+        Some(g) => Some(
+            g.as_u64()
+                .ok_or_else(|| Rejected::Malformed("\"scope\" is not an integer".into()))?,
+        ),
+    };
     let mut out = Vec::with_capacity(ranges.len());
     let mut total = 0u64;
     for r in ranges {
@@ -173,7 +183,7 @@ pub fn parse(line: &[u8]) -> Result<Hint, Rejected> {
                 Rejected::Malformed(format!("range {r} is not [offset, len] in integers"))
             })?;
         total = total.saturating_add(pair.1);
-        if total > MAX_HINT_BYTES {
+        if total > MAX_HINT_BYTES && scope.is_none() {
             return Err(Rejected::TooManyBytes(total));
         }
         out.push(pair);
@@ -182,6 +192,7 @@ pub fn parse(line: &[u8]) -> Result<Hint, Rejected> {
     Ok(Hint {
         path: path.to_string(),
         ranges: out,
+        scope,
     })
 }
 
@@ -307,6 +318,9 @@ impl FsCore {
         let mut parts = rel.components();
         let first = parts.next().map(|c| c.as_os_str());
         if first == Some(std::ffi::OsStr::new(VIEW_DIR)) {
+            if h.scope.is_some() {
+                return Ok(0); // Views are rendered on demand: there is no part to stage.
+            }
             return self.hint_view(h, parts.as_path());
         }
         let unknown = || Rejected::Unknown(h.path.clone());
@@ -318,6 +332,14 @@ impl FsCore {
         }
         let total = check_ranges(h, attr.size)?;
         let files = self.files();
+        if let Some(generation) = h.scope {
+            if files.scope().add(node, generation, &h.ranges) {
+                // The tree stager's queued blocks may lie outside the part: drop them (the
+                // part's stager queues its own).
+                files.fetcher().drop_staging();
+            }
+            return Ok(total);
+        }
         let state = files.state(node, &attr).map_err(|_| unknown())?;
         let store = self.store();
         let ino = crate::inode::source_ino(node);

@@ -11,7 +11,8 @@
 //! - [`stream`]: what is pushed of large files (ahead of sequential readers, the rest of a
 //!   block); [`pushers`]: the threads that push it; [`sink`]: where pushes go.
 //! - [`views`]: the `.npy/` tree.
-//! - [`hints`]: read-order hints from loaders (a Unix socket in the cache directory).
+//! - [`hints`]: read-order hints from loaders (a Unix socket in the cache directory);
+//!   [`scope`]: the node's declared part, which staging and speculation keep to.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
@@ -25,6 +26,7 @@ pub mod inode;
 pub mod mount;
 pub mod offload;
 pub mod pushers;
+pub mod scope;
 pub mod sink;
 pub mod snapshot;
 pub mod stream;

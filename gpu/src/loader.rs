@@ -312,9 +312,14 @@ impl<D: Device> Loader<D> {
         }
         if let Some(p) = &mut config.partition {
             p.check(config.world_size)?;
-            if p.chunk_rows == 0 {
-                let row_bytes: u64 = sources.iter().map(|s| s.row_bytes).sum();
-                p.chunk_rows = (crate::partition::CHUNK_BYTES / row_bytes.max(1)).max(1);
+            if p.grid.is_none() {
+                // Cut on the file with the largest rows: it holds most of the bytes.
+                let s = sources.iter().max_by_key(|s| s.row_bytes).unwrap_or(first);
+                p.grid = Some(crate::partition::Grid {
+                    offset: s.offset,
+                    row_bytes: s.row_bytes.max(1),
+                    chunk_bytes: crate::partition::CHUNK_BYTES,
+                });
             }
         }
         if config.ring == 0 {
@@ -605,15 +610,19 @@ impl<D: Device> Loader<D> {
         };
         // Hints first, so the first window reaches the daemon ahead of the readers.
         if let Some(h) = self.hints.clone().filter(|h| !h.is_off()) {
+            // A node partition: this node's part of the epoch is what its mount stages. Not
+            // the next epoch's as well: a loader cannot tell a job's last epoch, and there
+            // the next epoch's exchanged chunks would be read for nobody (q of every part;
+            // even a few hinted batches of a shuffled order touch most of its blocks).
             if let Some(p) = &self.config.partition {
-                // This node's part of this epoch and the next: what its mount stages.
                 let c = &self.config;
                 let nodes = c.world_size / p.local_world_size;
                 let o = p.order(self.rows, c.shuffle, c.seed);
                 let node = c.rank / p.local_world_size;
-                let mut ranges = crate::partition::node_ranges(&o, epoch, nodes, node);
-                ranges.extend(crate::partition::node_ranges(&o, epoch + 1, nodes, node));
-                h.send_scope(epoch, &ranges);
+                h.send_scope(
+                    epoch,
+                    &crate::partition::node_ranges(&o, epoch, nodes, node),
+                );
             }
             let row_bytes: u64 = h.sources().map(|i| self.ring.sources[i].row_bytes).sum();
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));

@@ -10,15 +10,20 @@
 //! ranges of every file (or contiguous runs of files for a file-per-sample dataset), so a
 //! node's cache holds only its slot plus at most one shared cache block at each end.
 //!
-//! **Exchange.** Each slot is cut into chunks of `chunk_rows` rows from its start (the last,
-//! short one stays home). Every epoch `e`, each slot gives `round(q·full)` of its full chunks
+//! **Exchange.** Chunks are cut on a [`Grid`] of the file's bytes: chunk `k` is the rows that
+//! lie wholly inside bytes `[k·S, (k+1)·S)` (`S` a multiple of the 1 MiB cache block), trimmed
+//! to one length for all chunks, so an exchanged chunk costs exactly its own cache blocks on the
+//! node that receives it; rows that straddle a chunk boundary, and chunks that cross a slot's
+//! edge, stay home. (For a file per sample the grid is plain: chunk `k` is rows `[kC, (k+1)C)`.) Epoch 0 reads the home parts as they are, so each node's cache holds
+//! its whole part first; from epoch 1 on, every epoch `e`, each slot gives `round(q·full)` of its full chunks
 //! (chosen by a shuffle seeded with `(seed, e, slot)`) to a common pool; the pool is shuffled
 //! (seeded with `(seed, e)`) and dealt back, each slot receiving as many chunks as it gave. A
 //! node's set therefore keeps its size every epoch (the step count never changes), a fraction
 //! of about `q·(N−1)/N` of it comes from other nodes (a pooled chunk may be dealt back home), and
-//! `q = 0` keeps every part fixed. Chunks are whole runs of rows, not scattered rows, so an
-//! exchanged chunk costs its own bytes plus at most one shared cache block: the Loader's chunk
-//! is [`CHUNK_BYTES`]. `q = 1` is defined as the `partition="global"` order
+//! `q = 0` keeps every part fixed. A node's own chunks are cached from epoch 0, so an epoch
+//! reads from the source only the foreign chunks it received (at most `q` of the part): an
+//! E-epoch job reads at most `1 + q·(E−1)` datasets in all, plus shared boundary blocks. Chunks are whole runs of rows, not scattered rows, so an
+//! exchanged chunk costs its own bytes and no more: the Loader's chunk is [`CHUNK_BYTES`]. `q = 1` is defined as the `partition="global"` order
 //! ([`crate::loader::epoch_order_from`]) exactly: every node may read every row.
 //!
 //! **Within a node.** The node's rows of the epoch are shuffled (seeded with `(seed, e, slot)`)
@@ -45,9 +50,9 @@ use crate::error::StreamError;
 use crate::loader::epoch_order_from;
 use crate::plan::{shuffle, SplitMix64};
 
-/// Bytes of one exchanged chunk for the Loader: 8 MiB is 8 cache blocks, so the one block an
-/// exchanged chunk may share with a neighbour on another node costs at most 1/8 more than its
-/// own bytes; small enough that a node's part of a 100 MB dataset still has a few chunks.
+/// Bytes of one exchanged chunk for the Loader: 8 cache blocks of 1 MiB, so a chunk is mostly
+/// whole rows even of large images (150 KB: 55 rows), one `pread` run per chunk is long, and a
+/// node's part of a 100 MB dataset still has a few chunks to exchange.
 pub const CHUNK_BYTES: u64 = 8 << 20;
 
 /// Seeds the slot assignment (kept apart from the epoch shuffles' seeds).
@@ -68,8 +73,84 @@ pub struct NodeOrder {
     pub seed: u64,
     /// Fraction of each node's part that moves through the pool each epoch, in `[0, 1]`.
     pub exchange: f64,
-    /// Rows per exchanged chunk (at least 1).
-    pub chunk_rows: u64,
+    /// Where the exchanged chunks are cut.
+    pub grid: Grid,
+}
+
+/// Where exchanged chunks are cut: the rows of a file whose data starts at byte `offset`, rows
+/// of `row_bytes`, in chunks of `chunk_bytes` ([module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    /// Byte offset of row 0 in the file.
+    pub offset: u64,
+    /// Bytes per row.
+    pub row_bytes: u64,
+    /// Bytes per chunk (a multiple of the cache block for files of rows).
+    pub chunk_bytes: u64,
+}
+
+impl Grid {
+    /// Chunks of `chunk_rows` rows, no byte geometry (a file per sample).
+    pub fn rows(chunk_rows: u64) -> Grid {
+        Grid {
+            offset: 0,
+            row_bytes: 1,
+            chunk_bytes: chunk_rows.max(1),
+        }
+    }
+
+    /// The same grid, made usable: rows larger than a chunk get chunks of one row.
+    fn effective(self) -> Grid {
+        if self.row_bytes == 0 || self.chunk_bytes / self.row_bytes < 2 {
+            Grid::rows(if self.row_bytes >= self.chunk_bytes {
+                1
+            } else {
+                2
+            })
+        } else {
+            self
+        }
+    }
+
+    /// Rows of every chunk: the fewest rows wholly inside any chunk's bytes.
+    fn len(&self) -> u64 {
+        let (s, rb) = (self.chunk_bytes, self.row_bytes);
+        if s.is_multiple_of(rb) && self.offset.is_multiple_of(rb) {
+            s / rb
+        } else {
+            s / rb - 1
+        }
+    }
+
+    /// First row wholly inside chunk `k`'s bytes.
+    fn start(&self, k: u64) -> u64 {
+        let at = u128::from(k) * u128::from(self.chunk_bytes);
+        let off = u128::from(self.offset);
+        if at <= off {
+            return 0;
+        }
+        ((at - off).div_ceil(u128::from(self.row_bytes))) as u64
+    }
+
+    /// The chunks (row ranges) wholly inside rows `span`.
+    fn chunks_in(&self, span: Range<u64>) -> Vec<Range<u64>> {
+        let len = self.len();
+        // A chunk index at or before the first one starting in the span.
+        let k = (u128::from(span.start) * u128::from(self.row_bytes) + u128::from(self.offset))
+            / u128::from(self.chunk_bytes);
+        let mut k = (k.min(u128::from(u64::MAX)) as u64).saturating_sub(1);
+        let mut out = Vec::new();
+        loop {
+            let lo = self.start(k);
+            if lo.saturating_add(len) > span.end {
+                return out;
+            }
+            if lo >= span.start {
+                out.push(lo..lo + len);
+            }
+            k += 1;
+        }
+    }
 }
 
 /// A Loader's node partition: the ranks per node, the exchange and the chunk.
@@ -79,8 +160,9 @@ pub struct NodeLayout {
     pub local_world_size: u64,
     /// Fraction of each node's part exchanged every epoch, in `[0, 1]`.
     pub exchange: f64,
-    /// Rows per exchanged chunk; 0: the Loader picks [`CHUNK_BYTES`] worth of rows.
-    pub chunk_rows: u64,
+    /// Where exchanged chunks are cut; `None`: the Loader cuts [`CHUNK_BYTES`] chunks of its
+    /// largest-row file.
+    pub grid: Option<Grid>,
 }
 
 impl NodeLayout {
@@ -117,7 +199,7 @@ impl NodeLayout {
             shuffle,
             seed,
             exchange: self.exchange,
-            chunk_rows: self.chunk_rows.max(1),
+            grid: self.grid.unwrap_or(Grid::rows(1)),
         }
     }
 }
@@ -158,32 +240,46 @@ fn is_global(o: &NodeOrder) -> bool {
     o.exchange >= 1.0
 }
 
-/// The row ranges (chunks) each slot holds in `epoch` under `nodes` nodes, before the in-node
-/// shuffle: kept chunks, the short tail, then received chunks. `q < 1` only.
+/// The row ranges each slot holds in `epoch` under `nodes` nodes, before the in-node shuffle:
+/// its part less the chunks it gave, then the chunks it received. `q < 1` only.
 fn slot_chunks(o: &NodeOrder, epoch: u64, nodes: u64) -> Vec<Vec<Range<u64>>> {
-    let c = o.chunk_rows.max(1);
-    let q = o.exchange.clamp(0.0, 1.0);
+    let grid = o.grid.effective();
+    // Epoch 0 is the home parts (see the module docs).
+    let q = if epoch == 0 {
+        0.0
+    } else {
+        o.exchange.clamp(0.0, 1.0)
+    };
     let mut held = Vec::with_capacity(nodes as usize);
     let mut given_counts = Vec::with_capacity(nodes as usize);
     let mut pool: Vec<Range<u64>> = Vec::new();
     for p in 0..nodes {
         let span = slot_rows(o.rows, nodes, p);
-        let full = (span.end - span.start) / c;
-        let chunk = |k: u64| span.start + k * c..span.start + (k + 1) * c;
+        let chunks = grid.chunks_in(span.clone());
+        let full = chunks.len() as u64;
         let give = ((q * full as f64).round() as u64).min(full);
-        let mut ks: Vec<u64> = (0..full).collect();
+        let mut ks: Vec<usize> = (0..chunks.len()).collect();
         if give > 0 {
             shuffle(&mut ks, mix(o.seed, epoch, p, SLOT_EPOCH_SALT));
         }
-        let (out, kept) = ks.split_at(give as usize);
-        let mut kept = kept.to_vec();
-        kept.sort_unstable();
-        let mut mine: Vec<Range<u64>> = kept.into_iter().map(chunk).collect();
-        let tail = span.start + full * c;
-        if tail < span.end {
-            mine.push(tail..span.end);
+        let mut out: Vec<Range<u64>> = ks[..give as usize]
+            .iter()
+            .map(|&k| chunks[k].clone())
+            .collect();
+        out.sort_unstable_by_key(|r| r.start);
+        // The part less the given chunks, in row order.
+        let mut mine = Vec::with_capacity(out.len() + 1);
+        let mut at = span.start;
+        for r in &out {
+            if at < r.start {
+                mine.push(at..r.start);
+            }
+            at = r.end;
         }
-        pool.extend(out.iter().map(|&k| chunk(k)));
+        if at < span.end {
+            mine.push(at..span.end);
+        }
+        pool.extend(out);
         given_counts.push(give);
         held.push(mine);
     }
@@ -330,7 +426,7 @@ mod tests {
             shuffle: true,
             seed,
             exchange: q,
-            chunk_rows: chunk,
+            grid: Grid::rows(chunk),
         }
     }
 
@@ -405,19 +501,25 @@ mod tests {
                 assert_eq!(r, vec![slot_rows(rows, 4, home_slot(5, 4, node))]);
             }
         }
+        // Epoch 0 is the home parts whatever the exchange (each node caches its part first).
+        for node in 0..4 {
+            let r = node_ranges(&spec(rows, 0.5, 5, 64), 0, 4, node);
+            assert_eq!(r, vec![slot_rows(rows, 4, home_slot(5, 4, node))]);
+        }
         // The slots are a permutation of the nodes, drawn from the seed.
         let mut s: Vec<u64> = (0..8).map(|n| home_slot(11, 8, n)).collect();
         assert_ne!(s, (0..8).collect::<Vec<_>>());
         s.sort_unstable();
         assert_eq!(s, (0..8).collect::<Vec<_>>());
-        // With exchange, every range is made of whole chunks of the grid of some slot.
+        // With exchange, a node's rows outside its part are whole chunks of the grid.
         let o = spec(rows, 0.25, 5, 64);
         for node in 0..4 {
+            let home = slot_rows(rows, 4, home_slot(5, 4, node));
             for r in node_ranges(&o, 2, 4, node) {
-                let p = (0..4).find(|&p| slot_rows(rows, 4, p).contains(&r.start));
-                let span = slot_rows(rows, 4, p.unwrap_or(0));
-                assert_eq!((r.start - span.start) % 64, 0, "{r:?} off the chunk grid");
-                assert!(r.end == span.end || (r.end - span.start).is_multiple_of(64));
+                if r.end <= home.start || r.start >= home.end {
+                    assert!(r.start.is_multiple_of(64), "{r:?} off the chunk grid");
+                    assert!(r.end.is_multiple_of(64), "{r:?} off the chunk grid");
+                }
             }
         }
     }
@@ -447,6 +549,44 @@ mod tests {
                 "q {q}: epochs should differ iff q > 0"
             );
         }
+    }
+
+    #[test]
+    fn grid_chunks_cover_whole_cache_blocks_only() {
+        const MB: u64 = 1 << 20;
+        // 128-byte header, 4 KiB rows, 8 MiB chunks: 2047 rows each, never touching the
+        // block of the straddling row.
+        let g = Grid {
+            offset: 128,
+            row_bytes: 4096,
+            chunk_bytes: 8 * MB,
+        };
+        let c = g.chunks_in(0..32768);
+        assert_eq!(c.len(), 16);
+        for (k, r) in c.iter().enumerate() {
+            let (first, last) = (128 + r.start * 4096, 128 + r.end * 4096 - 1);
+            assert_eq!(first / MB, 8 * k as u64, "{r:?}");
+            assert_eq!(last / MB, 8 * k as u64 + 7, "{r:?}");
+        }
+        // Image rows that do not divide a block: one length, inside the chunk's blocks.
+        let g = Grid {
+            offset: 128,
+            row_bytes: 150_528,
+            chunk_bytes: 8 * MB,
+        };
+        let c = g.chunks_in(1000..5000);
+        assert!(c.iter().all(|r| r.end - r.start == 54));
+        for r in &c {
+            let (first, last) = (128 + r.start * 150_528, 128 + r.end * 150_528 - 1);
+            assert_eq!(
+                first / (8 * MB),
+                last / (8 * MB),
+                "{r:?} crosses a chunk's blocks"
+            );
+            assert!(r.start >= 1000 && r.end <= 5000);
+        }
+        assert!(c.windows(2).all(|w| w[0].end <= w[1].start));
+        assert_eq!(Grid::rows(64).chunks_in(100..300), vec![128..192, 192..256]);
     }
 
     #[test]

@@ -77,15 +77,16 @@ def test_every_sample_once_per_epoch_and_nodes_keep_their_part(ids, exchange):
     if exchange == 0.0:
         assert parts[0] == parts[1] == parts[2], "q=0: every node keeps its part"
     # The Loader's chunks are 8 MiB (more than this file): the parts move in chunks of 16 rows.
-    moved = [_native.node_ranges(rows, 3, exchange, 16, e, NODES, 0) for e in range(2)]
+    moved = [_native.node_ranges(rows, 3, exchange, (0, 1, 16), e, NODES, 0) for e in range(2)]
     if exchange < 1.0:
         assert (moved[0] != moved[1]) == (exchange > 0.0)
     else:
         assert moved[0] == [(0, rows)], "q=1: every node may read every sample"
     # The same order from the function the Sampler uses.
-    chunk = ls[0]._native.chunk_rows
+    grid = ls[0]._native.grid
+    assert grid == (128, 4096, 8 << 20)
     for rank in (0, 5):
-        assert _native.node_order(rows, True, 3, exchange, chunk, 2, NODES, LOCAL, rank) == \
+        assert _native.node_order(rows, True, 3, exchange, grid, 2, NODES, LOCAL, rank) == \
             ls[rank].order(2)
 
 

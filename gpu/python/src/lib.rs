@@ -237,7 +237,7 @@ impl PyLoader {
             partition: partition.map(|(local_world_size, exchange)| NodeLayout {
                 local_world_size,
                 exchange,
-                chunk_rows: 0,
+                grid: None,
             }),
         };
         let device = device.trim().to_ascii_lowercase();
@@ -398,14 +398,16 @@ impl PyLoader {
         }
     }
 
-    /// Rows per exchanged chunk of the node partition (0: global split).
+    /// Where the node partition cuts exchanged chunks, `(offset, row_bytes, chunk_bytes)`
+    /// (`None`: global split).
     #[getter]
-    fn chunk_rows(&self) -> u64 {
+    fn grid(&self) -> Option<(u64, u64, u64)> {
         let config = match &self.loader {
             AnyLoader::Cpu(l) => l.config(),
             AnyLoader::Cuda(l) => l.config(),
         };
-        config.partition.map_or(0, |p| p.chunk_rows)
+        let g = config.partition.and_then(|p| p.grid)?;
+        Some((g.offset, g.row_bytes, g.chunk_bytes))
     }
 
     /// Who waited on whom, over all epochs so far (the figures of `stagefs stream --json`).

@@ -331,7 +331,7 @@ class Loader:
                 "partition": {"mode": "node", "nodes": self.nodes,
                               "local_world_size": self.local_world_size,
                               "exchange": self.exchange,
-                              "chunk_rows": self._native.chunk_rows},
+                              "grid": list(self._native.grid)},
                 "segments": [list(s) for s in before],
             }
         return {
@@ -398,7 +398,7 @@ class Loader:
                 f"partition={self.partition!r}: the epoch's order would differ")
         if mode != "node":
             return []
-        for key, mine in (("exchange", self.exchange), ("chunk_rows", self._native.chunk_rows)):
+        for key, mine in (("exchange", self.exchange), ("grid", list(self._native.grid))):
             if saved.get(key) != mine:
                 raise ValueError(
                     f"this state was saved with {key}={saved.get(key)!r}, this loader has "
@@ -499,6 +499,15 @@ class _EpochIterator:
 
     def close(self) -> None:
         self._native.close()
+
+
+def __getattr__(name: str):
+    # ``stagefs.torch`` (the Sampler) on first use, so ``import stagefs`` needs no torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'stagefs' has no attribute {name!r}")
 
 
 def _converter(kind: str):
