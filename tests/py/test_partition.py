@@ -146,7 +146,19 @@ def test_one_node_is_the_global_order_and_states_do_not_mix(ids):
     glob = stagefs.Loader(path, 16, tensors="numpy", shuffle=True, rank=1, world_size=3,
                           partition="global", hints=False)
     assert node.order(4) == glob.order(4)
+    # On one node the states move between the two, mid-epoch too.
+    for src, dst in (("global", "node"), ("node", "global")):
+        a, b = (stagefs.Loader(path, 16, tensors="numpy", shuffle=True, rank=1, world_size=3,
+                               partition=p, hints=False) for p in (src, dst))
+        a.set_epoch(2)
+        it = iter(a)
+        next(it)
+        next(it)
+        b.load_state_dict(a.state_dict())
+        assert list(b.order(2, b._start, b._before)) == a.order(2)[2 * 16:]
+    several = stagefs.Loader(path, 16, tensors="numpy", shuffle=True, rank=1, world_size=4,
+                             local_world_size=2, hints=False)
     with pytest.raises(ValueError, match="partition"):
-        node.load_state_dict(glob.state_dict())
+        several.load_state_dict(glob.state_dict())
     with pytest.raises(ValueError, match="exchange"):
         stagefs.Loader(path, 16, tensors="numpy", exchange=1.5)

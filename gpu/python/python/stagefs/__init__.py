@@ -392,6 +392,13 @@ class Loader:
         """The earlier runs of the saved epoch, once the state's partition matches ours."""
         saved = state.get("partition") or {"mode": "global"}
         mode = saved.get("mode")
+        segments = state.get("segments") or []
+        # One node is the global order exactly: such states move between the two.
+        if mode == "global" and self.partition == "node" and self.nodes == 1:
+            return [(1, self.local_world_size, int(state["start"]))]
+        if mode == "node" and self.partition == "global" and all(
+                isinstance(s, list) and s and s[0] == 1 for s in segments):
+            return []
         if mode != self.partition:
             raise ValueError(
                 f"this state was saved with partition={mode!r}, this loader has "
@@ -403,7 +410,6 @@ class Loader:
                 raise ValueError(
                     f"this state was saved with {key}={saved.get(key)!r}, this loader has "
                     f"{key}={mine!r}: the epoch's order would differ")
-        segments = state.get("segments") or []
         try:
             return [tuple(int(x) for x in s) for s in segments if len(s) == 3]
         except (TypeError, ValueError):
