@@ -43,10 +43,17 @@ struct FileScope {
     ranges: Vec<Range<u64>>,
 }
 
+/// The declared ranges per file, and their count over all files.
+#[derive(Default)]
+struct Declared {
+    files: HashMap<NodeId, FileScope>,
+    ranges: usize,
+}
+
 /// The declared part of this node, per file.
 #[derive(Default)]
 pub struct Scope {
-    files: Mutex<HashMap<NodeId, FileScope>>,
+    files: Mutex<Declared>,
     active: AtomicBool,
     /// Bumped on every change, so the stager starts over.
     version: AtomicU64,
@@ -79,8 +86,11 @@ impl Scope {
     /// Adds `ranges` (`(offset, len)`) of file `node` under `generation`; whether the scope
     /// became active with it (the first declaration).
     pub fn add(&self, node: NodeId, generation: u64, ranges: &[(u64, u64)]) -> bool {
-        let mut files = lock(&self.files);
-        let total: usize = files.values().map(|f| f.ranges.len()).sum();
+        let mut guard = lock(&self.files);
+        let Declared {
+            files,
+            ranges: total,
+        } = &mut *guard;
         let f = files.entry(node).or_insert(FileScope {
             generation,
             ranges: Vec::new(),
@@ -89,22 +99,23 @@ impl Scope {
             return false;
         }
         if generation > f.generation {
+            *total = total.saturating_sub(f.ranges.len());
             *f = FileScope {
                 generation,
                 ranges: Vec::new(),
             };
         }
-        let mut room = MAX_RANGES.saturating_sub(total);
         for &(offset, len) in ranges {
             if len == 0 {
                 continue;
             }
-            if room == 0 {
+            if *total >= MAX_RANGES {
                 break;
             }
             let before = f.ranges.len();
             insert(&mut f.ranges, offset..offset.saturating_add(len));
-            room = room.saturating_sub(f.ranges.len().saturating_sub(before));
+            // Merging may shrink the list.
+            *total = (*total + f.ranges.len()).saturating_sub(before);
         }
         self.version.fetch_add(1, Relaxed);
         !self.active.swap(true, Relaxed)
@@ -112,8 +123,8 @@ impl Scope {
 
     /// The parts of `r` inside file `node`'s scope; `None` when the file has none (no limit).
     pub fn clip(&self, node: NodeId, r: Range<u64>) -> Option<Vec<Range<u64>>> {
-        let files = lock(&self.files);
-        let f = files.get(&node)?;
+        let declared = lock(&self.files);
+        let f = declared.files.get(&node)?;
         let from = f.ranges.partition_point(|x| x.end <= r.start);
         Some(
             f.ranges[from..]
@@ -137,6 +148,7 @@ impl Scope {
     /// The files with a scope and their declared bytes.
     pub fn files(&self) -> Vec<(NodeId, u64)> {
         lock(&self.files)
+            .files
             .iter()
             .map(|(n, f)| (*n, f.ranges.iter().map(|r| r.end - r.start).sum()))
             .collect()
@@ -162,6 +174,12 @@ pub fn spawn_stager(
                 let v = scope.version();
                 if v == done || !scope.is_active() {
                     std::thread::sleep(TICK);
+                    continue;
+                }
+                // Declarations come as many lines (a line per file from a Sampler, from every
+                // rank): start once they have stopped changing for a tick, not once per line.
+                std::thread::sleep(TICK);
+                if scope.version() != v {
                     continue;
                 }
                 done = v;
@@ -226,5 +244,19 @@ mod tests {
         s.add(n, 2, &[(0, 10)]);
         assert_eq!(s.clip(n, 0..1000), Some(std::iter::once(0..10).collect()));
         assert_eq!(s.files(), vec![(n, 10)]);
+    }
+
+    #[test]
+    fn ranges_are_bounded_over_all_files() {
+        let s = Scope::default();
+        let many: Vec<(u64, u64)> = (0..MAX_RANGES as u64 + 10).map(|i| (i * 10, 5)).collect();
+        s.add(1, 0, &many);
+        assert_eq!(s.clip(1, 0..u64::MAX).map(|c| c.len()), Some(MAX_RANGES));
+        s.add(2, 0, &[(0, 5), (100, 5)]);
+        assert_eq!(s.clip(2, 0..1000).map(|c| c.len()), Some(0), "no room left");
+        // A newer generation gives its file's room back.
+        s.add(1, 1, &[(0, 5)]);
+        s.add(2, 0, &[(200, 5), (300, 5)]);
+        assert_eq!(s.clip(2, 0..1000).map(|c| c.len()), Some(2));
     }
 }
