@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 BIN="target/$HOST/release"
-TARGETS=(npy_header image_render table_parquet table_csv clean_csv cache_index)
+TARGETS=(npy_header image_render table_parquet parquet_pages table_csv clean_csv cache_index)
 
 # Largest input per target: enough for every structure of its format, small enough that the
 # fuzzer spends its time on structure rather than on long bodies.
@@ -20,7 +20,7 @@ max_len() {
   case "$1" in
     npy_header) echo 512 ;;
     image_render) echo 4096 ;;
-    table_parquet) echo 4096 ;;
+    table_parquet | parquet_pages) echo 4096 ;;
     table_csv | clean_csv) echo 1024 ;;
     cache_index) echo 4096 ;;
     *) echo "unknown target $1" >&2; return 1 ;;

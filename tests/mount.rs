@@ -340,6 +340,73 @@ fn full_scratch_still_serves_every_read() {
     m.umount();
 }
 
+/// Hardening round three: after one ENOSPC on scratch the cache's capacity ratcheted down to
+/// what it held (then less, each time), for the rest of the mount, with a warning per failed
+/// write. Now the capacity follows the space left, comes back as space frees, and the warning
+/// is rate-limited; every block read back later is intact.
+fn regression_one_enospc_capped_the_cache_for_the_rest_of_the_mount() {
+    let (tmp, src) = fresh();
+    let a = pattern(5, 8 << 20);
+    let b = pattern(6, 6 << 20);
+    fs::write(src.join("a"), &a).unwrap();
+    fs::write(src.join("b"), &b).unwrap();
+    let scratch = tmp.path().join("scratch");
+    fs::create_dir(&scratch).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(&scratch)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&scratch);
+    // Someone else's 11 MB leave about 5 MB for the cache.
+    fs::write(scratch.join("filler"), vec![1u8; 11 << 20]).unwrap();
+    let args = ["--no-staging", "--no-passthrough", "--cache-size", "1G"];
+    let mut m = Mount::with_cache(tmp.path(), &src, &scratch.join("cache"), &args);
+    assert!(
+        fs::read(m.mnt.join("a")).unwrap() == a,
+        "read with scratch full"
+    );
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert!(
+        fs::read(m.mnt.join("a")).unwrap() == a,
+        "read again with scratch full"
+    );
+    let s = m.stats();
+    assert!(s["cache_full_events"].as_u64().unwrap() >= 1, "{s}");
+    // The other user's job ends; its space comes back to the cache.
+    fs::remove_file(scratch.join("filler")).unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(fs::read(m.mnt.join("b")).unwrap() == b);
+    let before = m.stats()["bytes_from_source"].as_u64().unwrap();
+    // The second read must reach the daemon, not the kernel's page cache.
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert!(fs::read(m.mnt.join("b")).unwrap() == b);
+    let s = m.stats();
+    assert_eq!(
+        s["bytes_from_source"].as_u64().unwrap(),
+        before,
+        "b was not kept once space freed: {s}"
+    );
+    m.umount();
+    let log = fs::read_to_string(scratch.join("cache/stagefs.log")).unwrap_or_default();
+    let warnings = log.matches("scratch is full").count();
+    assert!((1..=3).contains(&warnings), "{warnings} warnings:\n{log}");
+    // What was recorded reads back intact in a new mount.
+    let mut m = Mount::with_cache(tmp.path(), &src, &scratch.join("cache"), &args);
+    assert!(fs::read(m.mnt.join("a")).unwrap() == a);
+    assert!(fs::read(m.mnt.join("b")).unwrap() == b);
+    let s = m.stats();
+    assert_eq!(s["corrupt_blocks"].as_u64().unwrap(), 0, "{s}");
+    m.umount();
+}
+
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
     let (tmp, src) = fresh();
     make_tree(&src);
@@ -1068,6 +1135,11 @@ fn main() -> std::process::ExitCode {
         test!(revalidate_shows_changes_made_while_mounted, Need::Fuse),
         test!(corrupted_cache_block_is_detected_and_refetched, Need::Fuse),
         test!(full_scratch_still_serves_every_read, Need::Fuse, Need::Root),
+        test!(
+            regression_one_enospc_capped_the_cache_for_the_rest_of_the_mount,
+            Need::Fuse,
+            Need::Root
+        ),
         test!(
             killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache,
             Need::Fuse

@@ -257,6 +257,8 @@ pub struct FsCore {
     stats_view: Mutex<Option<StatsView>>,
     /// Read-order hints ([`crate::hints`]).
     pub(crate) hints: crate::hints::HintState,
+    /// Direct descriptors ([`crate::direct`]).
+    pub(crate) direct: crate::direct::DirectState,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -332,6 +334,7 @@ impl FsCore {
             origin,
             stats_view: Mutex::new(None),
             hints: crate::hints::HintState::default(),
+            direct: crate::direct::DirectState::default(),
             cfg,
         });
         core.start(loaded, origin == "cache")?;
@@ -420,6 +423,7 @@ impl FsCore {
         }
         {
             let (tx, rx) = sync_channel::<EntryId>(VERIFY_QUEUE);
+            let completed = tx.clone();
             *lock(&self.verify) = Some(tx);
             let store = self.store.clone();
             self.spawn("stagefs-verify", move || {
@@ -427,6 +431,13 @@ impl FsCore {
                     store.verify(id);
                 }
             })?;
+            // A copy completed in this mount is verified as soon as it is complete, so the
+            // next epoch's opens get passthrough or direct descriptors at once (else the first
+            // open of each file in the second epoch was refused "verifying" and read through
+            // FUSE). Dropped when the core stops (stop_background), which ends the thread.
+            self.store.set_on_complete(Some(Box::new(move |id| {
+                let _ = completed.try_send(id);
+            })));
         }
         // Binding the previous mount's cache entries needs the whole snapshot; with a snapshot
         // loaded from disk it is there now, and the mount serves nothing before it is done.
@@ -451,6 +462,17 @@ impl FsCore {
     fn after_listing(self: &Arc<Self>, loaded: stagefs_prefetch::Loaded, persisted: bool) {
         let views = self.files.bind_loaded(loaded);
         *lock(&self.loaded_views) = views;
+        // The copies bound now were verified in an earlier mount, not this one: verify them in
+        // the background so passthrough and direct descriptors serve the warm epoch.
+        let me = Arc::downgrade(self);
+        let verify = self.spawn("stagefs-verify-copies", move || {
+            if let Some(core) = me.upgrade() {
+                core.verify_copies();
+            }
+        });
+        if let Err(e) = verify {
+            warn!(error = %e, "could not start verifying the cached copies");
+        }
         if !persisted {
             match self.snapshot.save_to(self.store.dir(), SNAPSHOT_FILE) {
                 Ok(()) => info!(nodes = self.snapshot.len(), "snapshot kept in the cache"),
@@ -519,6 +541,7 @@ impl FsCore {
         self.files.set_page_sink(None);
         self.fetcher.shutdown();
         self.files.stop();
+        self.store.set_on_complete(None);
         lock(&self.verify).take();
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {
@@ -599,6 +622,7 @@ impl FsCore {
         s.snapshot_entries = self.snapshot.len() as u64;
         s.snapshot = self.origin.to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
+        s.direct_pins = self.direct_pins() as u64;
         s
     }
 
@@ -966,11 +990,17 @@ impl FsCore {
             return Some(f);
         }
         if self.store.is_complete(id) {
-            if let Some(tx) = lock(&self.verify).as_ref() {
-                let _ = tx.try_send(id);
-            }
+            self.queue_verify(id);
         }
         None
+    }
+
+    /// Queues complete entry `id` for verification in the background (dropped if the queue
+    /// is full: a later open queues it again).
+    pub(crate) fn queue_verify(&self, id: EntryId) {
+        if let Some(tx) = lock(&self.verify).as_ref() {
+            let _ = tx.try_send(id);
+        }
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh` (0: no handle, for kernels

@@ -11,19 +11,22 @@
 //! socket address can hold (108 bytes) is bound and reached through `/proc/self/fd/N/hints.sock`
 //! with `N` a descriptor of the cache directory.
 //!
-//! **Protocol.** One JSON object per line:
+//! **Protocol** ([`stagefs_protocol`], shared with the clients). One JSON object per line:
 //! `{"path": "rel/path/under/the/mount", "ranges": [[offset, len], ...]}`; a path under
 //! `.npy/` names a view. No reply. Each line is validated on its own: a malformed line, an
 //! unknown path, a range outside the file, or a line over a bound is ignored with a logged reason
 //! (at most one log line per [`LOG_EVERY`], the rest counted) and counted in `hints_rejected`;
 //! an accepted one in `hints_accepted` and its bytes in `hint_bytes`. A hint never changes the
 //! bytes a reader gets and never fails a read: it only warms the cache and the page cache.
+//! `direct_open` / `direct_close` lines are answered on the client's own connection thread
+//! ([`crate::direct`]); that thread holds the connection's pins and releases them when the
+//! connection ends.
 //!
 //! **Bounds.** [`MAX_LINE`] bytes per line (64 KiB: [`MAX_RANGES`] ranges of two 20-digit
 //! numbers need ~45 KiB), [`MAX_RANGES`] ranges (1024: a few batches of rows) and
 //! [`MAX_HINT_BYTES`] bytes per line (256 MiB: the fetcher's queue holds 256 blocks of 1 MiB,
-//! more would only be dropped), [`MAX_CONNECTIONS`] clients (64: a node's loaders, one per
-//! process), [`QUEUE`] lines waiting for the worker (then the client's writes wait:
+//! more would only be dropped), [`MAX_CONNECTIONS`] clients (256: a node's loaders and
+//! preloaded processes, one per process), [`QUEUE`] lines waiting for the worker (then the client's writes wait:
 //! back-pressure, not unbounded memory), [`PENDING`] source blocks waiting to be cached before
 //! they are pushed (dropped after [`PENDING_AGE`]), [`RENDERS`] view renders on the view pool at
 //! once, so hinted renders never fill the pool's queue ahead of readers' requests.
@@ -41,9 +44,10 @@
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::num::NonZeroUsize;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, Weak};
@@ -55,22 +59,19 @@ use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
 use tracing::{debug, warn};
 
+/// The protocol's messages and bounds ([`stagefs_protocol`], shared with the clients).
+pub use stagefs_protocol::{
+    parse, Hint, Rejected, MAX_CONNECTIONS, MAX_HINT_BYTES, MAX_LINE, MAX_RANGES, SOCKET_NAME,
+};
+use stagefs_protocol::{parse_request, Reply, Request};
+
 use crate::control::VIEW_DIR;
+use crate::direct::{DirectPins, Refusal};
 use crate::fscore::FsCore;
 use crate::offload::Offload;
 use crate::views::OpenView;
 use stagefs_prefetch::locks::lock;
 
-/// Name of the hint socket in the cache directory.
-pub const SOCKET_NAME: &str = "hints.sock";
-/// Longest line accepted.
-pub const MAX_LINE: usize = 64 << 10;
-/// Most ranges in one line.
-pub const MAX_RANGES: usize = 1024;
-/// Most bytes one line may name.
-pub const MAX_HINT_BYTES: u64 = 256 << 20;
-/// Most clients connected at once.
-pub const MAX_CONNECTIONS: usize = 64;
 /// Lines waiting for the worker.
 pub const QUEUE: usize = 64;
 /// Source blocks waiting to be cached before they are pushed.
@@ -92,125 +93,8 @@ const VIEW_PIECE: u64 = 4 << 20;
 const VIEW_PUSHES: usize = 8;
 /// Page size for pushes: partial pages are not kept by the kernel.
 const PAGE: u64 = 4096;
-/// Longest hinted path.
-const MAX_PATH: usize = 4096;
 /// How often waiting threads look at the stop flag.
 const TICK: Duration = Duration::from_millis(100);
-
-/// Why a hint was ignored.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Rejected {
-    /// The line is longer than [`MAX_LINE`].
-    #[error("line longer than {MAX_LINE} bytes")]
-    TooLong,
-    /// Not the expected JSON object.
-    #[error("malformed hint: {0}")]
-    Malformed(String),
-    /// Not a plain relative path inside the mount.
-    #[error("path {0:?} is not a relative path inside the mount")]
-    BadPath(String),
-    /// No such regular file (or view file) in the mount.
-    #[error("no file {0:?} in the mount")]
-    Unknown(String),
-    /// More than [`MAX_RANGES`] ranges.
-    #[error("{0} ranges in one hint, at most {MAX_RANGES}")]
-    TooManyRanges(usize),
-    /// More than [`MAX_HINT_BYTES`] bytes.
-    #[error("{0} bytes in one hint, at most {MAX_HINT_BYTES}")]
-    TooManyBytes(u64),
-    /// A range outside the file.
-    #[error("range [{offset}, {len}] is outside {path:?} ({size} bytes)")]
-    OutOfRange {
-        /// The file.
-        path: String,
-        /// Range start.
-        offset: u64,
-        /// Range length.
-        len: u64,
-        /// The file's size.
-        size: u64,
-    },
-}
-
-/// A parsed hint: a path under the mount and the byte ranges a reader will read next, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hint {
-    /// Path relative to the mount root (`.npy/...` for views).
-    pub path: String,
-    /// `(offset, len)` pairs, in the order they will be read.
-    pub ranges: Vec<(u64, u64)>,
-    /// A scope line (`"scope": generation`): the ranges are this node's declared part
-    /// ([`crate::scope`]), not bytes to fetch now, so the per-line byte bound does not apply.
-    pub scope: Option<u64>,
-}
-
-/// Parses and bounds one line (without its newline). Sizes are checked against the file later.
-pub fn parse(line: &[u8]) -> Result<Hint, Rejected> {
-    if line.len() > MAX_LINE {
-        return Err(Rejected::TooLong);
-    }
-    let v: serde_json::Value =
-        serde_json::from_slice(line).map_err(|e| Rejected::Malformed(e.to_string()))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| Rejected::Malformed("not a JSON object".into()))?;
-    let path = obj
-        .get("path")
-        .and_then(|p| p.as_str())
-        .ok_or_else(|| Rejected::Malformed("no string \"path\"".into()))?;
-    let ranges = obj
-        .get("ranges")
-        .and_then(|r| r.as_array())
-        .ok_or_else(|| Rejected::Malformed("no array \"ranges\"".into()))?;
-    if ranges.len() > MAX_RANGES {
-        return Err(Rejected::TooManyRanges(ranges.len()));
-    }
-    let scope = match obj.get("scope") {
-        None => None,
-        Some(g) => Some(
-            g.as_u64()
-                .ok_or_else(|| Rejected::Malformed("\"scope\" is not an integer".into()))?,
-        ),
-    };
-    let mut out = Vec::with_capacity(ranges.len());
-    let mut total = 0u64;
-    for r in ranges {
-        let pair = r
-            .as_array()
-            .filter(|a| a.len() == 2)
-            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
-            .ok_or_else(|| {
-                Rejected::Malformed(format!("range {r} is not [offset, len] in integers"))
-            })?;
-        total = total.saturating_add(pair.1);
-        if total > MAX_HINT_BYTES && scope.is_none() {
-            return Err(Rejected::TooManyBytes(total));
-        }
-        out.push(pair);
-    }
-    check_path(path)?;
-    Ok(Hint {
-        path: path.to_string(),
-        ranges: out,
-        scope,
-    })
-}
-
-/// Only plain relative paths: no root, no `.` or `..`, no empty components, no NUL.
-fn check_path(path: &str) -> Result<(), Rejected> {
-    let bad = || Rejected::BadPath(path.chars().take(200).collect());
-    if path.is_empty() || path.len() > MAX_PATH || path.contains('\0') || path.contains("//") {
-        return Err(bad());
-    }
-    if path.ends_with('/')
-        || !Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)))
-    {
-        return Err(bad());
-    }
-    Ok(())
-}
 
 /// A hinted source block waiting to be cached before it is pushed.
 #[derive(Clone, Copy)]
@@ -559,10 +443,10 @@ impl FsCore {
             .name("stagefs-hints".into())
             .spawn(move || work(&me, &rx))?;
         lock(&threads).push(worker);
-        let (stop2, threads2) = (stop.clone(), threads.clone());
+        let (stop2, threads2, me) = (stop.clone(), threads.clone(), Arc::downgrade(self));
         let listen = std::thread::Builder::new()
             .name("stagefs-hint-listen".into())
-            .spawn(move || listen(listener, &tx, &stop2, &threads2))?;
+            .spawn(move || listen(listener, &me, &tx, &stop2, &threads2))?;
         lock(&threads).push(listen);
         *lock(&self.hints.server) = Some(Server {
             path: path.clone(),
@@ -649,6 +533,7 @@ fn work(core: &Weak<FsCore>, rx: &Receiver<Vec<u8>>) {
 
 fn listen(
     listener: UnixListener,
+    core: &Weak<FsCore>,
     tx: &SyncSender<Vec<u8>>,
     stop: &Arc<AtomicBool>,
     threads: &Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -664,11 +549,11 @@ fn listen(
             continue;
         }
         clients.fetch_add(1, Relaxed);
-        let (tx, stop, n) = (tx.clone(), stop.clone(), clients.clone());
+        let (tx, stop, n, core) = (tx.clone(), stop.clone(), clients.clone(), core.clone());
         let spawned = std::thread::Builder::new()
             .name("stagefs-hint-conn".into())
             .spawn(move || {
-                client(conn, &tx, &stop);
+                client(conn, &core, &tx, &stop);
                 n.fetch_sub(1, Relaxed);
             });
         match spawned {
@@ -685,12 +570,20 @@ fn listen(
     }
 }
 
-/// Reads one client's lines (each at most [`MAX_LINE`]) and queues them for the worker.
-fn client(conn: UnixStream, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
-    // Short timeouts so the thread sees the stop flag; a partial line survives them.
-    if conn.set_read_timeout(Some(TICK)).is_err() {
+/// Reads one client's lines (each at most [`MAX_LINE`]): answers direct opens and closes on
+/// this thread, queues hints for the worker. The connection's pins go with it.
+fn client(conn: UnixStream, core: &Weak<FsCore>, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
+    // Short timeouts so the thread sees the stop flag; a partial line survives them. A client
+    // that does not read its replies holds only this thread, for at most REPLY_TIMEOUT a reply.
+    if conn.set_read_timeout(Some(TICK)).is_err()
+        || conn
+            .set_write_timeout(Some(stagefs_protocol::REPLY_TIMEOUT))
+            .is_err()
+    {
         return;
     }
+    let Ok(out) = conn.try_clone() else { return };
+    let mut pins = DirectPins::new(core.clone());
     let mut r = BufReader::new(conn);
     let mut line = Vec::new();
     let mut skipping = false;
@@ -723,6 +616,13 @@ fn client(conn: UnixStream, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
         if msg.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
+        if !skipping {
+            match direct(&msg, core, &mut pins, &out) {
+                Direct::Done => continue,
+                Direct::Hint => {}
+                Direct::Gone => return,
+            }
+        }
         // Waits while the worker is QUEUE lines behind: back-pressure on the client.
         loop {
             match tx.try_send(msg) {
@@ -736,4 +636,64 @@ fn client(conn: UnixStream, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
         }
     }
     debug!("read-order hint client stopped with the mount");
+}
+
+/// What [`direct`] made of a line.
+enum Direct {
+    /// A direct open or close, answered.
+    Done,
+    /// Not one: a hint (or a bad line) for the worker.
+    Hint,
+    /// The client or the mount is gone.
+    Gone,
+}
+
+/// Answers `line` if it is a direct open or close; a malformed direct open gets a refusal, so
+/// its client does not wait for a reply that never comes.
+fn direct(line: &[u8], core: &Weak<FsCore>, pins: &mut DirectPins, out: &UnixStream) -> Direct {
+    // Hints (the bulk of the lines) have no "op": parsed once, by the worker.
+    if !line.windows(4).any(|w| w == b"\"op\"") {
+        return Direct::Hint;
+    }
+    let req = parse_request(line);
+    let open = match req {
+        Ok(Request::DirectOpen(path)) => Some(path),
+        Ok(Request::DirectClose(pin)) => {
+            if !pins.release(pin) {
+                debug!(pin, "direct close of a pin this connection does not hold");
+            }
+            return Direct::Done;
+        }
+        Ok(Request::Hint(_)) => return Direct::Hint,
+        Err(_) if stagefs_protocol::is_direct_open(line) => None,
+        Err(_) => return Direct::Hint,
+    };
+    let Some(c) = core.upgrade() else {
+        return Direct::Gone;
+    };
+    let (reply, fd) = match open {
+        Some(path) => match c.direct_open(&path, pins) {
+            Ok((fd, g)) => (Reply::Granted(g), Some(fd)),
+            Err(r) => (Reply::Refused(r), None),
+        },
+        None => {
+            c.refused("", Refusal::BadPath);
+            (Reply::Refused(Refusal::BadPath), None)
+        }
+    };
+    let sent = stagefs_protocol::send(
+        out.as_fd(),
+        reply.line().as_bytes(),
+        fd.as_ref().map(|f| f.as_fd()),
+    );
+    // The daemon's copy of the descriptor closes here; the client's stays open.
+    drop(fd);
+    if let Err(e) = sent {
+        debug!(error = %e, "direct open: the client did not take its reply");
+        if let Reply::Granted(g) = reply {
+            pins.release(g.pin);
+        }
+        return Direct::Gone;
+    }
+    Direct::Done
 }

@@ -11,12 +11,14 @@
 //! - [`stream`]: what is pushed of large files (ahead of sequential readers, the rest of a
 //!   block); [`pushers`]: the threads that push it; [`sink`]: where pushes go.
 //! - [`views`]: the `.npy/` tree.
-//! - [`hints`]: read-order hints from loaders (a Unix socket in the cache directory);
+//! - [`hints`]: the control socket in the cache directory: read-order hints from loaders and
+//!   [`direct`] descriptors of verified copies ([`stagefs_protocol`] for the messages).
 //!   [`scope`]: the node's declared part, which staging and speculation keep to.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
 pub mod control;
+pub mod direct;
 pub mod error;
 pub mod files;
 pub mod fscore;

@@ -35,15 +35,13 @@ pub const AHEAD_BATCHES: u64 = 4;
 /// cache and page cache hold them until the readers come.
 pub const AHEAD_BYTES: u64 = 256 << 20;
 /// Ranges per line: the daemon's bound.
-pub const MAX_RANGES: usize = 1024;
+pub use stagefs_protocol::MAX_RANGES;
 /// Bytes named per line: a quarter of the daemon's bound (256 MiB), so a line is a batch or less.
-pub const MAX_LINE_BYTES: u64 = 64 << 20;
+pub const MAX_LINE_BYTES: u64 = stagefs_protocol::MAX_HINT_BYTES / 4;
 /// How long one write may wait for the daemon.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest stats file read (they are a few KiB).
 const MAX_STATS: u64 = 1 << 20;
-/// Room for a socket path in a socket address (108 bytes with its NUL).
-const MAX_ADDR: usize = 100;
 
 /// Batches to hint ahead for batches of `batch_bytes` (hinted files only): 1..=AHEAD_BATCHES.
 pub fn batches_ahead(batch_bytes: u64) -> u64 {
@@ -100,21 +98,7 @@ pub fn find_mount(path: &Path) -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-/// Connects to `socket`, through a descriptor of its directory when the path is too long for a
-/// socket address.
-fn connect(socket: &Path) -> std::io::Result<UnixStream> {
-    if socket.as_os_str().len() < MAX_ADDR {
-        return UnixStream::connect(socket);
-    }
-    let (dir, name) = match (socket.parent(), socket.file_name()) {
-        (Some(d), Some(n)) => (d, n),
-        _ => return Err(std::io::ErrorKind::InvalidInput.into()),
-    };
-    let d = std::fs::File::open(dir)?;
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&d);
-    let via = Path::new("/proc/self/fd").join(fd.to_string()).join(name);
-    UnixStream::connect(via)
-}
+use stagefs_protocol::connect;
 
 impl Hinter {
     /// A connection for the sources in `hinted` (indices into `sources`) that lie on one

@@ -56,6 +56,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
+pub mod direct;
 mod error;
 pub mod hints;
 mod host;

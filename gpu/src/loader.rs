@@ -110,6 +110,9 @@ pub struct LoaderConfig {
     pub transform: Option<Transform>,
     /// Tell a stagefs mount holding the files which rows are read next ([`crate::hints`]).
     pub hints: bool,
+    /// Read files on a stagefs mount through direct descriptors of their verified copies
+    /// where the daemon grants them ([`crate::direct`]); the others through the mount.
+    pub direct: bool,
     /// Keep each node on its own part of the rows ([`crate::partition`]); `None`: split one
     /// global permutation as `DistributedSampler` does.
     pub partition: Option<NodeLayout>,
@@ -130,6 +133,7 @@ impl Default for LoaderConfig {
             readers: 2,
             transform: None,
             hints: true,
+            direct: true,
             partition: None,
         }
     }
@@ -189,6 +193,38 @@ pub fn epoch_order_from(
         .collect()
 }
 
+/// Most rows an epoch order holds: 2^31 samples (an order costs 8 bytes a row, 16 GiB here),
+/// past any dataset read sample by sample. A header claiming more fails the constructor
+/// instead of an allocation aborting the interpreter.
+pub const MAX_ROWS: u64 = 1 << 31;
+
+/// Most ring slots: 4096 batches in flight is past any use (each slot is a batch of host and
+/// device memory); 2^31 made the ring's queue abort the interpreter.
+pub const MAX_RING: usize = 4096;
+
+/// Most reader threads: 1024, far past the cores of any node.
+pub const MAX_READERS: usize = 1024;
+
+/// Checks the row count and the ring and reader counts against their bounds.
+pub fn check_counts(rows: u64, ring: usize, readers: usize) -> Result<(), StreamError> {
+    if rows > MAX_ROWS {
+        return Err(StreamError::Config(format!(
+            "{rows} rows: more than the {MAX_ROWS} samples an epoch order holds"
+        )));
+    }
+    if ring > MAX_RING {
+        return Err(StreamError::Config(format!(
+            "ring={ring}: at most {MAX_RING} slots"
+        )));
+    }
+    if readers > MAX_READERS {
+        return Err(StreamError::Config(format!(
+            "readers={readers}: at most {MAX_READERS} reader threads"
+        )));
+    }
+    Ok(())
+}
+
 /// One source's part of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
@@ -234,6 +270,10 @@ struct Ring<D: Device> {
     transform: Option<(Transform, Geometry, Table)>,
     /// The whole data of each small-row source read in scattered order (see [`RESIDENT_BYTES`]).
     resident: Vec<Option<Vec<u8>>>,
+    /// Direct descriptors of the files' verified copies (the connection holding their pins
+    /// lives as long as the sources that read them: batches may outlive the loader), and why
+    /// the other files have none.
+    direct: crate::direct::DirectReads,
     slots: Vec<Slot<D>>,
     free_tx: Sender<usize>,
     free_rx: Receiver<usize>,
@@ -285,7 +325,7 @@ impl<D: Device> Loader<D> {
     /// Checks the sources and the settings and allocates the ring on `device`.
     pub fn new(
         device: Arc<D>,
-        sources: Vec<Source>,
+        mut sources: Vec<Source>,
         mut config: LoaderConfig,
     ) -> Result<Self, StreamError> {
         let first = sources
@@ -327,6 +367,7 @@ impl<D: Device> Loader<D> {
                 "the ring needs at least 1 slot (2 or more to read ahead)".into(),
             ));
         }
+        check_counts(rows, config.ring, config.readers)?;
         let mut out_rows: Vec<OutRow> = sources
             .iter()
             .map(|s| OutRow {
@@ -399,10 +440,18 @@ impl<D: Device> Loader<D> {
             let _ = free_tx.send(slot);
         }
         let readers = config.readers.clamp(1, config.ring);
+        let all: Vec<usize> = (0..sources.len()).collect();
+        let direct = if config.direct {
+            crate::direct::DirectReads::open(&mut sources, &all)
+        } else {
+            crate::direct::DirectReads::off()
+        };
         let resident = read_resident(&sources, config.shuffle || config.world_size > 1)?;
-        // Files read whole into memory are read once, in order: no hints for them.
+        // Files read whole into memory are read once, in order: no hints for them; nor for
+        // direct files (the daemon's pushes fill the mount's pages; they are advised instead).
         let hinted: Vec<usize> = (0..sources.len())
             .filter(|&i| resident[i].is_none())
+            .filter(|&i| direct.files().iter().all(|(d, _)| *d != i))
             .collect();
         let hints = config
             .hints
@@ -417,6 +466,7 @@ impl<D: Device> Loader<D> {
                 out_rows,
                 transform,
                 resident,
+                direct,
                 slots,
                 free_tx,
                 free_rx,
@@ -432,6 +482,12 @@ impl<D: Device> Loader<D> {
             slot_bytes,
             hints,
         })
+    }
+
+    /// Per file: its path and `None` if it is read through a direct descriptor, else why not
+    /// (empty with `direct` off).
+    pub fn direct_status(&self) -> &[(std::path::PathBuf, Option<String>)] {
+        self.ring.direct.status()
     }
 
     /// Rows in each source.
@@ -608,23 +664,40 @@ impl<D: Device> Loader<D> {
             path: "<thread>".into(),
             source: e,
         };
-        // Hints first, so the first window reaches the daemon ahead of the readers.
-        if let Some(h) = self.hints.clone().filter(|h| !h.is_off()) {
-            // A node partition: this node's part of the epoch is what its mount stages. Not
-            // the next epoch's as well: a loader cannot tell a job's last epoch, and there
-            // the next epoch's exchanged chunks would be read for nobody (q of every part;
-            // even a few hinted batches of a shuffled order touch most of its blocks).
-            if let Some(p) = &self.config.partition {
-                let c = &self.config;
-                let nodes = c.world_size / p.local_world_size;
-                let o = p.order(self.rows, c.shuffle, c.seed);
-                let node = c.rank / p.local_world_size;
-                h.send_scope(
-                    epoch,
-                    &crate::partition::node_ranges(&o, epoch, nodes, node),
-                );
-            }
-            let row_bytes: u64 = h.sources().map(|i| self.ring.sources[i].row_bytes).sum();
+        // Hints first, so the first window reaches the daemon ahead of the readers; direct
+        // files (not held in memory) get the kernel's read-ahead advised in the same window.
+        let advised: Vec<(Arc<std::fs::File>, u64, u64)> = self
+            .ring
+            .direct
+            .files()
+            .iter()
+            .filter(|(i, _)| self.ring.resident[*i].is_none())
+            .map(|(i, f)| {
+                let s = &self.ring.sources[*i];
+                (f.clone(), s.offset, s.row_bytes)
+            })
+            .collect();
+        let hinter = self.hints.clone().filter(|h| !h.is_off());
+        // A node partition: this node's part of the epoch is what its mount stages. Not the
+        // next epoch's as well: a loader cannot tell a job's last epoch, and there the next
+        // epoch's exchanged chunks would be read for nobody (q of every part; even a few
+        // hinted batches of a shuffled order touch most of its blocks).
+        if let (Some(h), Some(p)) = (&hinter, &self.config.partition) {
+            let c = &self.config;
+            let nodes = c.world_size / p.local_world_size;
+            let o = p.order(self.rows, c.shuffle, c.seed);
+            let node = c.rank / p.local_world_size;
+            h.send_scope(
+                epoch,
+                &crate::partition::node_ranges(&o, epoch, nodes, node),
+            );
+        }
+        if hinter.is_some() || !advised.is_empty() {
+            let hinted = hinter.iter().flat_map(|h| h.sources());
+            let row_bytes: u64 = hinted
+                .map(|i| self.ring.sources[i].row_bytes)
+                .chain(advised.iter().map(|a| a.2))
+                .sum();
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
             let (order, cancel, stop_rx) = (order.clone(), cancel.clone(), stop_rx.clone());
             let dispatched = dispatched.clone();
@@ -643,7 +716,12 @@ impl<D: Device> Loader<D> {
                             return;
                         }
                         let (a, b) = batch_range(seq, batch_size, order.len());
-                        if !h.send(&order[a..b]) {
+                        for (file, offset, row_bytes) in &advised {
+                            crate::direct::advise(file, *offset, *row_bytes, &order[a..b]);
+                        }
+                        if hinter.as_ref().is_some_and(|h| !h.send(&order[a..b]))
+                            && advised.is_empty()
+                        {
                             return;
                         }
                     }

@@ -68,10 +68,7 @@ impl Source {
     /// All rows of the `.npy` file at `path`.
     pub fn npy(path: impl AsRef<Path>) -> Result<Source, StreamError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| StreamError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let file = open_regular(&path)?;
         Source::npy_from_reader(path, Arc::new(file))
     }
 
@@ -93,6 +90,15 @@ impl Source {
         let Some((&rows, row_shape)) = header.shape.split_first() else {
             return Err(StreamError::Scalar { path });
         };
+        // Rows of no bytes fit any file: a 128-byte file of shape (10^12, 0) passed every
+        // length check and its epoch order (8 bytes a row) aborted the interpreter.
+        if row_shape.contains(&0) && rows > 0 {
+            return Err(StreamError::Config(format!(
+                "{}: its rows have no elements (shape {:?}): nothing to load",
+                path.display(),
+                header.shape
+            )));
+        }
         // `parse` refuses shapes whose byte count overflows; checked again here so a header that
         // slipped through could never make a size wrap to 0.
         let row_bytes = header
@@ -123,10 +129,7 @@ impl Source {
         rows: u64,
     ) -> Result<Source, StreamError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| StreamError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let file = open_regular(&path)?;
         if row_bytes == 0 {
             return Err(StreamError::Config(format!(
                 "{}: a row must have at least one byte",
@@ -235,4 +238,37 @@ pub(crate) fn read_full(reader: &dyn ReadAt, buf: &mut [u8], offset: u64) -> io:
         }
     }
     Ok(())
+}
+
+/// Opens `path` for reading if it is a regular file: opened non-blocking, so a FIFO (which
+/// blocked `open` until a writer came, with SIGINT unable to interrupt it) or a device is
+/// refused instead of waited on.
+fn open_regular(path: &Path) -> Result<File, StreamError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io_err = |source| StreamError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io_err)?;
+    let kind = file.metadata().map_err(io_err)?.file_type();
+    if !kind.is_file() {
+        return Err(StreamError::Config(format!(
+            "{}: not a regular file ({}): give a .npy or raw file",
+            path.display(),
+            if kind.is_dir() {
+                "a directory"
+            } else if std::os::unix::fs::FileTypeExt::is_fifo(&kind) {
+                "a FIFO"
+            } else {
+                "a device or socket"
+            }
+        )));
+    }
+    // O_NONBLOCK is left set: Linux ignores it for reads of a regular file (they wait for the
+    // disk as ever), and only regular files get here.
+    Ok(file)
 }

@@ -197,6 +197,7 @@ impl<D: Device> Streamer<D> {
                 "the ring needs at least 1 buffer (2 or more to overlap)".into(),
             ));
         }
+        crate::loader::check_counts(0, config.ring, config.readers)?;
         let batch_bytes = sources
             .iter()
             .map(|s| s.rows.min(config.batch_rows).checked_mul(s.row_bytes))

@@ -280,6 +280,29 @@ impl CacheDir {
     }
 }
 
+/// How long taking the cache's lock waits for a holder that is exiting (killed, its exit
+/// not yet done: closing thousands of cache files, unwinding requests to its own mount): 10 s.
+pub const LOCK_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether process `pid` is exiting: its kernel flags carry `PF_EXITING` (or it is gone or a
+/// zombie, which hold no locks but may be seen for a moment as the holder).
+pub fn process_is_exiting(pid: u32) -> bool {
+    /// `PF_EXITING` of the kernel's task flags (include/linux/sched.h).
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // "pid (comm) state ppid ... flags": comm may hold spaces and parentheses, so fields
+    // are counted after its last ')'. State is field 3, flags field 9.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first().copied().unwrap_or("");
+    let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 /// Name of the lock file in the cache directory (see [`CacheDir::lock`]).
 pub const LOCK_FILE: &str = "lock";
 
@@ -295,18 +318,30 @@ impl CacheDir {
             source,
         };
         let mut file = self.open_rw(LOCK_FILE, true).map_err(io_err)?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                // The pid is a hint for the message: a few bytes, parsed or ignored.
-                let mut text = String::new();
-                let _ = (&file).take(32).read_to_string(&mut text);
-                return Err(CacheError::InUse {
-                    path: self.path.clone(),
-                    pid: text.trim().parse().ok(),
-                });
+        let deadline = std::time::Instant::now() + LOCK_EXIT_WAIT;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    // The pid is a hint: a few bytes, parsed or ignored.
+                    let mut text = String::new();
+                    let _ = rustix::fs::seek(&file, rustix::fs::SeekFrom::Start(0));
+                    let _ = (&file).take(32).read_to_string(&mut text);
+                    let pid: Option<u32> = text.trim().parse().ok();
+                    // A daemon killed a moment ago holds its lock until its exit ends (a
+                    // remount right after `stagefs umount` of it was refused): wait for that,
+                    // bounded; a live holder is refused at once.
+                    if pid.is_some_and(process_is_exiting) && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        continue;
+                    }
+                    return Err(CacheError::InUse {
+                        path: self.path.clone(),
+                        pid,
+                    });
+                }
+                Err(e) => return Err(io_err(e.into())),
             }
-            Err(e) => return Err(io_err(e.into())),
         }
         file.set_len(0).map_err(io_err)?;
         file.write_all(format!("{}\n", std::process::id()).as_bytes())
@@ -350,6 +385,53 @@ pub fn random_u64() -> io::Result<u64> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A remount right after `stagefs umount` of a killed daemon was refused "in use by pid N":
+    /// the lock outlived the recorded holder by a moment. Here the recorded holder (flock(1))
+    /// is killed while its child, which inherited the locked descriptor, holds it for 1 s more.
+    #[test]
+    fn regression_the_lock_of_a_holder_that_is_gone_was_refused_instead_of_waited_for() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let lock = tmp.path().join("cache").join(LOCK_FILE);
+        let mut holder = std::process::Command::new("flock")
+            .arg("-x")
+            .arg(&lock)
+            .args(["sleep", "1"])
+            .spawn()
+            .unwrap();
+        let held = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::process::Command::new("flock")
+            .args(["-n", "-x"])
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+        {
+            assert!(
+                std::time::Instant::now() < held,
+                "flock(1) never took the lock"
+            );
+        }
+        std::fs::write(&lock, format!("{}\n", holder.id())).unwrap();
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert!(
+            process_is_exiting(holder.id()),
+            "a reaped process counts as gone"
+        );
+        let t = std::time::Instant::now();
+        let _lock = dir.lock().expect("taken once the last descriptor closes");
+        assert!(t.elapsed() < LOCK_EXIT_WAIT, "{:?}", t.elapsed());
+        // A live holder is refused at once.
+        drop(_lock);
+        let _mine = dir.lock().unwrap();
+        let t = std::time::Instant::now();
+        assert!(matches!(dir.lock(), Err(CacheError::InUse { .. })));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert!(!process_is_exiting(std::process::id()));
+    }
 
     #[test]
     fn created_private_whatever_the_umask() {

@@ -35,6 +35,12 @@ pub struct Stats {
     /// Bytes handed to readers by kernel passthrough, counted as the whole file's size at each
     /// passthrough open (the daemon does not see those reads).
     pub bytes_passthrough: AtomicU64,
+    /// Descriptors of verified copies handed to readers over the control socket.
+    pub direct_opens: AtomicU64,
+    /// Direct opens refused (the reader falls back to the mount).
+    pub direct_refused: AtomicU64,
+    /// Bytes of files handed out as direct descriptors (each file's size, per open).
+    pub bytes_direct: AtomicU64,
     /// Bytes handed to the kernel's page cache ahead of an in-order reader (pushed from the
     /// cache; the reader's reads of them never reach the daemon).
     pub bytes_pushed: AtomicU64,
@@ -101,6 +107,19 @@ pub struct StatsSnapshot {
     /// Bytes of files opened through passthrough (each file's size, per open): read by the
     /// kernel from scratch, unseen by the daemon.
     pub bytes_passthrough: u64,
+    /// Descriptors of verified copies handed to readers over the control socket.
+    #[serde(default)]
+    pub direct_opens: u64,
+    /// Direct opens refused (the reader read through the mount instead).
+    #[serde(default)]
+    pub direct_refused: u64,
+    /// Bytes of files handed out as direct descriptors (each file's size, per open): read
+    /// from scratch by the reader, unseen by the daemon.
+    #[serde(default)]
+    pub bytes_direct: u64,
+    /// Direct descriptors pinned now (granted and not yet closed by their clients).
+    #[serde(default)]
+    pub direct_pins: u64,
     /// Seconds during which at least one reader was waiting on the source.
     pub stall_s: f64,
     /// Bytes pushed into the kernel's page cache ahead of in-order readers.
@@ -184,6 +203,9 @@ impl Default for Stats {
             source_bytes_read: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             bytes_passthrough: AtomicU64::new(0),
+            direct_opens: AtomicU64::new(0),
+            direct_refused: AtomicU64::new(0),
+            bytes_direct: AtomicU64::new(0),
             bytes_pushed: AtomicU64::new(0),
             files_pushed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -267,6 +289,9 @@ impl Stats {
             hit_ratio: (total > 0).then(|| from_cache as f64 / total as f64),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
+            direct_opens: self.direct_opens.load(Relaxed),
+            direct_refused: self.direct_refused.load(Relaxed),
+            bytes_direct: self.bytes_direct.load(Relaxed),
             stall_s: stall as f64 / 1e9,
             bytes_pushed: self.bytes_pushed.load(Relaxed),
             files_pushed: self.files_pushed.load(Relaxed),

@@ -595,3 +595,38 @@ fn close_compacts_a_log_larger_than_the_read_window_keeping_every_live_key() {
         want.len()
     );
 }
+
+/// Bytes of disk allocated to `path`.
+fn allocated(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::blocks(&fs::metadata(path).unwrap()) * 512
+}
+
+#[test]
+fn own_copy_is_allocated_whole_at_its_first_block_when_the_cache_has_room() {
+    for (capacity, whole) in [(256 * MB, true), (6 * MB, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _, _) = open(dir.path(), capacity);
+        let size = 8 * MB + 1234;
+        let data = pattern(5, size as usize);
+        let id = s.create(KeyKind::Raw, b"big", v(size, 1), 9, true, 1);
+        // One block in the middle, as a random reader's first read would store.
+        assert!(s.insert(id, 3, &data[(3 * MB) as usize..(4 * MB) as usize]));
+        let files = dir.path().join("v2/files");
+        let copy = fs::read_dir(&files)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        assert_eq!(
+            fs::metadata(&copy).unwrap().len(),
+            4 * MB,
+            "size grows with the blocks"
+        );
+        if whole {
+            assert!(allocated(&copy) >= 9 * MB, "{}", allocated(&copy));
+        } else {
+            assert!(allocated(&copy) < 2 * MB, "no room: {}", allocated(&copy));
+        }
+    }
+}

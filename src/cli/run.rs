@@ -35,6 +35,12 @@ const RUN_HELP: &str = concat!(
     "scratch: `$SLURM_TMPDIR`, else `$TMPDIR`, else `/tmp` when that directory is yours and closed\n",
     "to others; otherwise inside a per-user directory `stagefs-<uid>` there (created 0700; refused\n",
     "if another user made it). Caches are private (0700/0600) and a later job reuses them.\n",
+    "\n",
+    "Direct reads: CMD runs with libstagefs_direct.so (found next to this executable) in\n",
+    "LD_PRELOAD. A read-only open of a staged, verified large file under a mount then gets a\n",
+    "read-only descriptor of the cache's copy from the mount's daemon (its private control\n",
+    "socket) and reads at local speed; anything else reads through the mount. --no-direct or\n",
+    "STAGEFS_DIRECT=0 turns it off (docs/direct.md).\n",
 );
 
 /// Run a job step: mount inputs, run CMD, and bring its outputs home safely.
@@ -61,6 +67,10 @@ pub struct Args {
     /// Files copied in parallel per sync [default: 16].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
+    /// Do not preload the direct-read library into CMD (also: `STAGEFS_DIRECT=0`): every read
+    /// goes through the mounts.
+    #[arg(long)]
+    pub no_direct: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -196,7 +206,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Some(split) => split,
         None => bail!("no command given after --"),
     };
-    let child = match Supervised::spawn(program, rest) {
+    let envs = if args.no_direct || std::env::var_os("STAGEFS_DIRECT").is_some_and(|v| v == "0") {
+        Vec::new()
+    } else {
+        direct_env(&exe, &mounts)
+    };
+    let child = match Supervised::spawn(program, rest, &envs) {
         Ok(c) => c,
         Err(e) => {
             eprintln!(
@@ -334,6 +349,66 @@ fn sync_pair(syncer: &Syncer, s: &SyncSpec, why: &str) -> bool {
             false
         }
     }
+}
+
+/// The direct-read library's file name, looked for next to the `stagefs` executable (the
+/// wheel packs it there).
+pub const DIRECT_LIB: &str = "libstagefs_direct.so";
+
+/// The environment that gives CMD direct descriptors of staged files: the library in
+/// `LD_PRELOAD` (before any the user set) and `STAGEFS_DIRECT_MOUNTS=MNT=SOCKET:...`, each
+/// mount's control socket read from its stats file. Empty (with a note) without the library;
+/// mounts whose socket cannot be found are left out (read through FUSE).
+fn direct_env(exe: &Path, mounts: &[MountSpec]) -> Vec<(OsString, OsString)> {
+    let lib = exe.with_file_name(DIRECT_LIB);
+    if !lib.is_file() {
+        eprintln!(
+            "stagefs run: {} not found: reads go through the mounts",
+            lib.display()
+        );
+        return Vec::new();
+    }
+    let mut list = OsString::new();
+    for m in mounts {
+        let Some(socket) = control_socket(&m.mnt) else {
+            eprintln!(
+                "stagefs run: no control socket for {}: its reads go through the mount",
+                m.mnt.display()
+            );
+            continue;
+        };
+        let Ok(mnt) = std::fs::canonicalize(&m.mnt) else {
+            continue;
+        };
+        if !list.is_empty() {
+            list.push(":");
+        }
+        list.push(mnt.as_os_str());
+        list.push("=");
+        list.push(socket.as_os_str());
+    }
+    if list.is_empty() {
+        return Vec::new();
+    }
+    let mut preload = lib.into_os_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    vec![
+        ("LD_PRELOAD".into(), preload),
+        ("STAGEFS_DIRECT_MOUNTS".into(), list),
+    ]
+}
+
+/// The control socket of the mount at `mnt` (the stats file's `hint_socket`).
+fn control_socket(mnt: &Path) -> Option<PathBuf> {
+    let text = std::fs::read(mnt.join(".stagefs/stats")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let socket = PathBuf::from(v.get("hint_socket")?.as_str()?);
+    // Split at "=/" by the library: a socket path must be absolute and free of ':'.
+    let ok = socket.is_absolute() && !socket.as_os_str().as_encoded_bytes().contains(&b':');
+    ok.then_some(socket)
 }
 
 fn mount(exe: &Path, m: &MountSpec, extra: &[String]) -> anyhow::Result<()> {

@@ -95,6 +95,15 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
             gib(s.bytes_passthrough)
         );
     }
+    if s.direct_opens + s.direct_refused > 0 {
+        out += &format!(
+            "direct     {} opens, {} in those files (read by the job straight from scratch), \
+             {} refused (read through the mount)\n",
+            s.direct_opens,
+            gib(s.bytes_direct),
+            s.direct_refused
+        );
+    }
     if let Some((p, dt)) = prev.filter(|(_, dt)| *dt > 0.0) {
         let rate = |a: u64, b: u64| gib(((a.saturating_sub(b)) as f64 / dt) as u64) + "/s";
         out += &format!(

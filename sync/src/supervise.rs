@@ -49,12 +49,20 @@ pub fn shell_status(status: ExitStatus) -> i32 {
 }
 
 impl Supervised {
-    /// Starts `program args...` with our environment and stdio, after installing the signal
-    /// forwarder (so no signal is lost between spawn and installation).
-    pub fn spawn(program: &OsString, args: &[OsString]) -> std::io::Result<Supervised> {
+    /// Starts `program args...` with our environment (plus `envs`) and stdio, after installing
+    /// the signal forwarder (so no signal is lost between spawn and installation).
+    pub fn spawn(
+        program: &OsString,
+        args: &[OsString],
+        envs: &[(OsString, OsString)],
+    ) -> std::io::Result<Supervised> {
         let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
         let handle = signals.handle();
-        let child = match Command::new(program).args(args).spawn() {
+        let spawned = Command::new(program)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .spawn();
+        let child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 handle.close();

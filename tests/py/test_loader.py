@@ -353,3 +353,82 @@ def test_stats_report_who_waited(files):
         assert key in s, key
     assert s["batches"] == len(ld)
     assert s["bytes"] == 103 * (40 * 40 * 3 + 8)
+
+
+def _in_a_child(code, timeout=60):
+    """Runs ``code`` in a fresh interpreter (an abort or a hang there fails this test, not the
+    whole run) and returns what it printed; fails if it did not exit 0."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def test_regression_a_128_byte_npy_of_shape_1e12_by_0_aborted_the_interpreter(tmp_path):
+    # Rows of no bytes fit any file: the epoch order (8 bytes a row) asked for 8 TB and Rust's
+    # allocator aborted the interpreter ("memory allocation of 8000000000000 bytes failed").
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000, 0), }"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    path = tmp_path / "zero.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    assert path.stat().st_size == 128
+    out = _in_a_child(f"""
+        import stagefs
+        try:
+            stagefs.Loader([{str(path)!r}], 4, tensors="numpy")
+        except ValueError as e:
+            print("ValueError:", e)
+    """)
+    assert "ValueError" in out and "zero.npy" in out, out
+
+
+@pytest.mark.parametrize("kw", [{"ring": 2**31}, {"readers": 2**31}])
+def test_regression_ring_or_readers_of_2_31_aborted_the_interpreter(files, kw):
+    d, _ = files
+    out = _in_a_child(f"""
+        import stagefs
+        try:
+            stagefs.Loader([{str(d / "labels.npy")!r}], 4, tensors="numpy", **{kw!r})
+        except ValueError as e:
+            print("ValueError:", e)
+    """)
+    # (readers=2^31 meets its default ring of readers + 2 first.)
+    assert "ValueError" in out and "at most" in out, out
+
+
+def test_regression_the_constructor_blocked_forever_on_a_fifo(tmp_path):
+    fifo = tmp_path / "fifo.npy"
+    os.mkfifo(fifo)
+    # In a child with a timeout: before, open(2) waited for a writer and SIGINT could not end it.
+    out = _in_a_child(f"""
+        import stagefs
+        try:
+            stagefs.Loader([{str(fifo)!r}], 4, tensors="numpy")
+        except ValueError as e:
+            print("ValueError:", e)
+    """, timeout=30)
+    assert "not a regular file" in out and "fifo.npy" in out, out
+    with pytest.raises(ValueError, match="a directory"):
+        loader([tmp_path], 4, "cpu", tensors="numpy")
+
+
+def test_regression_load_state_dict_of_garbage_raised_attribute_or_type_errors(files):
+    d, _ = files
+    ld = loader([d / "labels.npy"], 8, "cpu", tensors="numpy")
+    good = ld.state_dict()
+    garbage = [
+        None, [], "state", 7,
+        {**good, "files": ["not a dict"]},
+        {**good, "files": [None]},
+        {**good, "files": [{"size": "big", "crc32": 1}]},
+        {**good, "files": [{"size": 1, "crc32": None}]},
+        {**good, "epoch": "one"},
+        {**good, "epoch": None},
+        {**good, "start": [3]},
+        {**good, "start": True},
+        {k: v for k, v in good.items() if k != "epoch"},
+    ]
+    for state in garbage:
+        with pytest.raises(ValueError):
+            ld.load_state_dict(state)
+    ld.load_state_dict(good)  # and a real one still loads

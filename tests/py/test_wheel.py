@@ -35,6 +35,8 @@ def test_wheel_installs_the_command_and_the_module(tmp_path):
     assert pip.returncode == 0, pip.stderr
     command = env_dir / "bin" / "stagefs"
     assert command.is_file() and os.access(command, os.X_OK), list((env_dir / "bin").iterdir())
+    # `stagefs run` preloads the direct-read library found next to the command.
+    assert (env_dir / "bin" / "libstagefs_direct.so").is_file(), list((env_dir / "bin").iterdir())
     # On PATH as a user's activated environment has it, not through an absolute path.
     path_env = {**os.environ, "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin"}
     helped = subprocess.run(["stagefs", "--help"], env=path_env, capture_output=True, text=True)

@@ -24,10 +24,9 @@ fn parquet_dictionary_page_missing_fails_the_unit_not_the_process() {
             }
         }
     }
-    assert!(
-        errors.iter().any(|e| e.contains("panicked")),
-        "expected the reader's panic as an error: {errors:?}"
-    );
+    // The page scan (stagefs-parquet-bounds) now refuses this file's malformed page headers
+    // before the parquet crate decodes, where it panicked; either way the unit fails, named.
+    assert!(!errors.is_empty(), "a corrupt file decoded: {errors:?}");
     assert!(errors
         .iter()
         .all(|e| e.contains("parquet_dictionary_page_missing")));

@@ -265,6 +265,22 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The Parquet seeds, and dictionary bombs (honest and lying) for the page-bound target.
+fn parquet_pages(tables: &std::path::Path, out: &std::path::Path) -> std::io::Result<()> {
+    use stagefs_parquet_bounds::testing::{dictionary_bomb, Values};
+    std::fs::create_dir_all(out)?;
+    for entry in std::fs::read_dir(tables)? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), out.join(entry.file_name()))?;
+    }
+    put(out, "honest.parquet", &dictionary_bomb(2, Values::Int64, 16, None))?;
+    put(out, "honest_binary.parquet", &dictionary_bomb(2, Values::Binary, 10, None))?;
+    put(out, "dict_bomb.parquet", &dictionary_bomb(3, Values::Int64, (2 << 30) - 1, None))?;
+    put(out, "binary_bomb.parquet", &dictionary_bomb(2, Values::Binary, 200 << 20, None))?;
+    put(out, "page_bomb.parquet", &dictionary_bomb(1, Values::Int64, 16, Some(1 << 30)))?;
+    Ok(())
+}
+
 fn main() -> std::io::Result<()> {
     let root = PathBuf::from(
         std::env::args_os()
@@ -279,6 +295,7 @@ fn main() -> std::io::Result<()> {
         &root.join("clean_csv"),
     )?;
     cache_index(&root.join("cache_index"))?;
+    parquet_pages(&root.join("table_parquet"), &root.join("parquet_pages"))?;
     println!("seed corpora written under {}", root.display());
     Ok(())
 }

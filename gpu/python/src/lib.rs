@@ -190,9 +190,9 @@ fn crop_box(
 }
 
 /// `stagefs._native.Loader(paths, batch_size, shuffle, seed, drop_last, device, rank,
-/// world_size, ring, readers, pin_memory, transform, hints, partition)`: see `stagefs.Loader`;
-/// `partition` is `(local_world_size, exchange)` for a node partition, `None` for the global
-/// split.
+/// world_size, ring, readers, pin_memory, transform, hints, direct, partition)`: see
+/// `stagefs.Loader`; `partition` is `(local_world_size, exchange)` for a node partition, `None`
+/// for the global split.
 #[pyclass(module = "stagefs._native", name = "Loader", frozen)]
 struct PyLoader {
     loader: AnyLoader,
@@ -203,7 +203,7 @@ struct PyLoader {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None, hints=true, partition=None))]
+    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None, hints=true, direct=true, partition=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -220,6 +220,7 @@ impl PyLoader {
         pin_memory: Option<bool>,
         transform: Option<TransformArgs>,
         hints: bool,
+        direct: bool,
         partition: Option<(u64, f64)>,
     ) -> PyResult<Self> {
         let transform = transform.map(transform_of).transpose()?;
@@ -234,6 +235,7 @@ impl PyLoader {
             ring,
             readers,
             hints,
+            direct,
             partition: partition.map(|(local_world_size, exchange)| NodeLayout {
                 local_world_size,
                 exchange,
@@ -412,11 +414,22 @@ impl PyLoader {
 
     /// Who waited on whom, over all epochs so far (the figures of `stagefs stream --json`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (s, ring) = match &self.loader {
-            AnyLoader::Cpu(l) => (l.stats(), l.config().ring),
-            AnyLoader::Cuda(l) => (l.stats(), l.config().ring),
+        let (s, ring, direct) = match &self.loader {
+            AnyLoader::Cpu(l) => (l.stats(), l.config().ring, l.direct_status()),
+            AnyLoader::Cuda(l) => (l.stats(), l.config().ring, l.direct_status()),
         };
         let d = PyDict::new(py);
+        let fallbacks = PyDict::new(py);
+        for (path, why) in direct {
+            if let Some(why) = why {
+                fallbacks.set_item(path.display().to_string(), why)?;
+            }
+        }
+        d.set_item(
+            "direct_files",
+            direct.iter().filter(|(_, w)| w.is_none()).count(),
+        )?;
+        d.set_item("direct_fallbacks", fallbacks)?;
         d.set_item("device", self.device())?;
         d.set_item("bytes", s.bytes)?;
         d.set_item("batches", s.batches)?;

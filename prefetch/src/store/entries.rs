@@ -341,4 +341,17 @@ impl CacheStore {
             .and_then(Option::as_ref)
             .is_some_and(Entry::complete)
     }
+
+    /// Complete entries with a data file of their own (large files) not yet verified in this
+    /// mount: what verification in the background after a remount goes through, so a warm
+    /// epoch finds its copies ready for passthrough and direct descriptors.
+    pub fn unverified_copies(&self) -> Vec<EntryId> {
+        let inner = lock(&self.inner);
+        let copies = inner.entries.iter().enumerate().filter_map(|(i, e)| {
+            e.as_ref()
+                .filter(|e| e.own_file && !e.verified && e.complete())
+                .map(|_| i as EntryId)
+        });
+        copies.collect()
+    }
 }

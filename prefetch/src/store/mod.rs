@@ -46,6 +46,7 @@ use tracing::warn;
 
 use crate::cachedir::CacheDir;
 use crate::error::CacheError;
+use crate::locks;
 use crate::locks::lock;
 use crate::stats::Stats;
 
@@ -91,6 +92,8 @@ struct Inner {
     active: u32,
     next_own: u32,
     snapshot: u128,
+    /// The capacity given, and the state of a scratch that ran out of space.
+    full: scratch::Full,
 }
 
 /// The scratch cache.
@@ -112,7 +115,12 @@ pub struct CacheStore {
     direct_files: Mutex<LruCache<u32, Arc<File>>>,
     /// Whether blocks are read with `O_DIRECT` (configured; off at the first `EINVAL`).
     direct: AtomicBool,
+    /// Told of each large file whose copy has just become complete ([`Self::set_on_complete`]).
+    on_complete: RwLock<Option<OnComplete>>,
 }
+
+/// What the store tells of a copy that has just become complete: its entry.
+pub type OnComplete = Box<dyn Fn(EntryId) + Send + Sync>;
 
 impl CacheStore {
     /// Opens (or creates) the cache in `cfg.dir`, takes its lock and replays its cache log.
@@ -160,6 +168,10 @@ impl CacheStore {
                 active: 0,
                 next_own: 1,
                 snapshot: 0,
+                full: scratch::Full {
+                    configured: cfg.capacity,
+                    ..Default::default()
+                },
             }),
             log: Mutex::new(Log {
                 file,
@@ -173,6 +185,7 @@ impl CacheStore {
             own_files: Mutex::new(LruCache::new(cap)),
             direct_files: Mutex::new(LruCache::new(cap)),
             direct: AtomicBool::new(cfg.direct_reads),
+            on_complete: RwLock::new(None),
         };
         let loaded = store.replay().map_err(io_err)?;
         Ok((store, loaded))
@@ -277,6 +290,7 @@ impl CacheStore {
             let own = e.own_file;
             let space = aligned(len);
             let inner = &mut *inner;
+            self.recheck_full(inner);
             if !self.make_room(inner, space) {
                 return false;
             }
@@ -307,7 +321,10 @@ impl CacheStore {
         };
         let off = u64::from(loc.off4k) * scratch::ALIGN;
         let space = aligned(len);
-        if let Err(err) = file.write_all_at(data, off) {
+        // Space first, then the bytes: a block whose space or write failed is never recorded.
+        if let Err(err) =
+            scratch::allocate(&file, off, space).and_then(|()| file.write_all_at(data, off))
+        {
             punch_hole(&file, off, space);
             let mut inner = lock(&self.inner);
             inner.evict.remove(lru_key(id, slot));
@@ -316,11 +333,11 @@ impl CacheStore {
             return false;
         }
         let mut inner = lock(&self.inner);
-        let stored = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+        let (stored, own) = match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
             Some(e) if e.loc(slot).is_none() => {
                 e.set_loc(slot, loc);
                 e.present += 1;
-                e.complete() && e.kind == KeyKind::Raw
+                (e.complete() && e.kind == KeyKind::Raw, e.own_file)
             }
             _ => {
                 // Dropped (or stored by someone else) while we wrote: give the space back.
@@ -336,7 +353,19 @@ impl CacheStore {
             self.stats.files_staged.fetch_add(1, Relaxed);
         }
         append(&self.log, &Record::Block { id, slot, loc });
+        drop(inner);
+        if stored && own {
+            if let Some(tell) = locks::read(&self.on_complete).as_ref() {
+                tell(id);
+            }
+        }
         true
+    }
+
+    /// Sets what is told of each large file whose copy becomes complete (the mount verifies
+    /// it in the background, so the next epoch's opens find it verified); `None` stops it.
+    pub fn set_on_complete(&self, tell: Option<OnComplete>) {
+        *locks::write(&self.on_complete) = tell;
     }
 
     /// For a fully cached large file whose blocks were all verified in this mount: pins it

@@ -24,6 +24,9 @@ pub enum Need {
     UserFuse,
     /// A CUDA driver and a GPU.
     Gpu,
+    /// A memory cgroup this process may create (cgroup v1's memory hierarchy, or v2 with the
+    /// memory controller enabled for children), to run a daemon under a memory limit.
+    MemoryCgroup,
 }
 
 impl Need {
@@ -44,14 +47,36 @@ impl Need {
                 })
             }
             Need::Gpu => gpu_missing(),
+            Need::MemoryCgroup => memory_cgroup_root()
+                .err()
+                .map(|why| format!("a memory cgroup to create ({why})")),
         }
     }
 
     /// Whether CI must be able to run tests with this need (it has FUSE, root and the accounts;
     /// it has no GPU).
     fn required_in_ci(self) -> bool {
-        !matches!(self, Need::Gpu)
+        !matches!(self, Need::Gpu | Need::MemoryCgroup)
     }
+}
+
+/// Where memory cgroups are made, and the file that limits one: cgroup v1's memory hierarchy
+/// (`memory.limit_in_bytes`) or cgroup v2 with the memory controller delegated (`memory.max`).
+pub fn memory_cgroup_root() -> Result<(std::path::PathBuf, &'static str), String> {
+    if !is_root() {
+        return Err("root".into());
+    }
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+    if v1.join("memory.limit_in_bytes").exists() {
+        return Ok((v1.to_path_buf(), "memory.limit_in_bytes"));
+    }
+    let v2 = std::path::Path::new("/sys/fs/cgroup");
+    let controllers =
+        std::fs::read_to_string(v2.join("cgroup.subtree_control")).unwrap_or_default();
+    if controllers.split_whitespace().any(|c| c == "memory") {
+        return Ok((v2.to_path_buf(), "memory.max"));
+    }
+    Err("no cgroup v1 memory hierarchy, and cgroup v2 does not delegate memory".into())
 }
 
 /// Whether this process runs as root.

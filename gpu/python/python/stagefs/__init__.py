@@ -142,6 +142,11 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+def _is_int(v) -> bool:
+    """An integer of a saved state (``bool`` is an ``int`` to Python, not to a state)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _fingerprint(path: str) -> dict:
     """A file's identity for ``load_state_dict``: its size and a CRC-32 of its first and last
     ``_FINGERPRINT_BYTES`` (the ``.npy`` header and the first and last rows). Not its mtime or
@@ -194,6 +199,10 @@ class Loader:
             next (a few batches ahead of the readers), so it fetches, renders and pushes them
             in that order; ``False`` turns it off. A mount without the hint socket (or a
             broken one) just means no hints, never an error.
+        direct: files on a stagefs mount whose verified copy is in the mount's cache are read
+            through a read-only descriptor of that copy, at local speed, instead of through
+            FUSE; any other file reads through the mount, silently, with the reason in
+            ``stats()["direct_fallbacks"]``. ``False`` turns it off.
         partition: ``"node"`` (default): each node (``rank // local_world_size``) reads a
             fixed, contiguous part of the rows, shuffled within the node, so N nodes' mounts
             read the dataset once in total; ``"global"``: one permutation split across all
@@ -231,6 +240,7 @@ class Loader:
         dtype=None,
         layout: str = "NHWC",
         hints: bool = True,
+        direct: bool = True,
         partition: str = _partition.DEFAULT_PARTITION,
         exchange: float = 0.0,
         local_world_size: int | None = None,
@@ -288,7 +298,7 @@ class Loader:
         self._native = _native.Loader(
             self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
             self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
-            bool(hints),
+            bool(hints), bool(direct),
             (self.local_world_size, self.exchange) if partition == "node" else None,
         )
 
@@ -369,6 +379,17 @@ class Loader:
             raise ValueError(
                 f"this state is for {len(theirs) if isinstance(theirs, list) else '?'} files, "
                 f"this loader reads {len(mine)}: {self.paths}")
+        for i, b in enumerate(theirs):
+            if not isinstance(b, dict) or not all(
+                    _is_int(b.get(k)) for k in ("size", "crc32")):
+                raise ValueError(
+                    f"not a stagefs.Loader state: files[{i}] should be a dict with integer "
+                    f"'size' and 'crc32', got {b!r:.200}")
+        for key in ("epoch", "start"):
+            if not _is_int(state.get(key)):
+                raise ValueError(
+                    f"not a stagefs.Loader state: {key!r} should be an integer, "
+                    f"got {state.get(key)!r:.200}")
         for path, a, b in zip(self.paths, mine, theirs):
             if (a["size"], a["crc32"]) != (b.get("size"), b.get("crc32")):
                 raise ValueError(
@@ -447,7 +468,9 @@ class Loader:
 
         ``device_wait_share`` is the share of time the training loop waited for data (near 0:
         storage keeps up); ``ring_full_share`` the share the readers waited for you to release
-        a batch (near 1: the loop is the bottleneck, not the data).
+        a batch (near 1: the loop is the bottleneck, not the data). ``direct_files`` counts
+        the files read through direct descriptors; ``direct_fallbacks`` maps each other file
+        to why it reads through the mount (empty with ``direct=False``).
         """
         return self._native.stats()
 

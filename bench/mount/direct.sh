@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Direct reads past FUSE (`stagefs run`'s preload library) against a local copy on the same
+# scratch and against the same mount read through FUSE (`stagefs run --no-direct`), as a normal
+# user, on two kinds of scratch:
+#   disk  a directory on the machine's own disk (this VM's reads ~1 GB/s: a node-local NVMe);
+#   ram   ext4 on a loop device over a tmpfs (RAM-backed, ~4 GB/s; what bench/mount/large.sh uses).
+# Run as root on a quiet machine (it prints the load); every epoch runs as BENCH_USER through
+# setpriv, and the page cache is dropped before each. Per scratch: epoch 1 from a fresh cache
+# under `stagefs run` (staging the files), then ROUNDS rounds of, per mode, local / direct /
+# FUSE alternated. Each mount side is one `stagefs run --mount SRC:MNT:CACHE -- ...` (the cache
+# is kept between runs, as a later job reuses it). CPU seconds count the reader and the daemon.
+#
+#   bench/mount/direct.sh
+# Knobs: WORK=/var/tmp/stagefs-direct, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test,
+# FILES=8, MB=256, ROUNDS=2, MODES="seq shuf mmap", SCRATCHES="disk ram".
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+WORK=${WORK:-/var/tmp/stagefs-direct}
+STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
+BENCH_USER=${BENCH_USER:-stagefs-test}
+FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} MODES=${MODES:-seq shuf mmap}
+SCRATCHES=${SCRATCHES:-disk ram}
+[[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, loop devices, setpriv)" >&2; exit 1; }
+uid=$(id -u "$BENCH_USER")
+as_user() { setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"; }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+gb=$(python3 -c "print($FILES * $MB / 1000)")
+
+mkdir -p "$WORK/src"
+chmod 755 "$WORK" "$WORK/src"
+for i in $(seq 0 $((FILES - 1))); do
+  [[ -s "$WORK/src/f$i.bin" ]] || head -c "${MB}M" /dev/urandom > "$WORK/src/f$i.bin"
+done
+chmod 644 "$WORK"/src/*.bin
+cleanup() {
+  for s in $SCRATCHES; do
+    mountpoint -q "$WORK/$s/mnt" 2>/dev/null && fusermount3 -uz "$WORK/$s/mnt" || true
+  done
+  mountpoint -q "$WORK/ram" && umount -l "$WORK/ram" || true
+  mountpoint -q "$WORK/ramfs" && umount -l "$WORK/ramfs" || true
+}
+trap cleanup EXIT
+echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; load at start: $(load)"
+echo "columns: scratch mode round | local s | direct s (x local) | fuse s (x local) | CPU-s/GB local direct fuse | direct opens"
+for s in $SCRATCHES; do
+  S=$WORK/$s
+  if [[ $s == ram ]]; then
+    mkdir -p "$WORK/ramfs" "$S"
+    mountpoint -q "$WORK/ramfs" || mount -t tmpfs -o size=$(( FILES * MB * 3 + 512 ))m tmpfs "$WORK/ramfs"
+    if ! mountpoint -q "$S"; then
+      truncate -s $(( FILES * MB * 3 + 256 ))M "$WORK/ramfs/scratch.img"
+      mkfs.ext4 -q -F "$WORK/ramfs/scratch.img"
+      mount -o loop "$WORK/ramfs/scratch.img" "$S"
+    fi
+  fi
+  mkdir -p "$S"
+  chown "$uid:$uid" "$S"
+  as_user rm -rf "$S/local" "$S/cache" "$S/mnt"
+  as_user mkdir -p "$S/mnt"
+  as_user cp -r "$WORK/src" "$S/local"
+  run_mount() {  # ARGS...: one epoch under `stagefs run` (direct unless ARGS say --no-direct)
+    local extra=$1 mode=$2
+    # shellcheck disable=SC2086
+    as_user "$STAGEFS" run $extra --mount "$WORK/src:$S/mnt:$S/cache" -- \
+      python3 "$HERE/direct_epoch.py" "$S/mnt" "$mode" "$S/mnt"
+  }
+  drop
+  echo "$s epoch1 (fresh cache, staging): $(run_mount "" seq) (load $(load))"
+  # The copies complete in epoch 1 are verified in the background; let that finish.
+  sleep 5
+  for r in $(seq 1 "$ROUNDS"); do
+    for mode in $MODES; do
+      drop; l=$(as_user python3 "$HERE/direct_epoch.py" "$S/local" "$mode")
+      drop; d=$(run_mount "" "$mode")
+      drop; f=$(run_mount --no-direct "$mode")
+      python3 - "$s" "$mode" "$r" "$gb" "$l" "$d" "$f" "$(load)" <<'PY'
+import sys
+s, mode, r, gb = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+l, d, f = (list(map(float, a.split())) for a in sys.argv[5:8])
+cpu = lambda x: (x[1] + x[2]) / gb
+print(f"{s} {mode} {r} | {l[0]:.2f} | {d[0]:.2f} ({l[0] / d[0]:.2f}x) | {f[0]:.2f} ({l[0] / f[0]:.2f}x) "
+      f"| {cpu(l):.2f} {cpu(d):.2f} {cpu(f):.2f} | {int(d[3])} (load {sys.argv[8]})")
+PY
+    done
+  done
+  as_user rm -rf "$S/local" "$S/cache"
+done
+echo "load at end: $(load)"

@@ -1,0 +1,41 @@
+"""One epoch of bench/mount/large_reader.py over DIRECTORY in MODE, with the CPU of the stagefs
+daemon serving it when MOUNT is given (the mount's stats file names its pid), and the mount's
+direct-read counters. Run by bench/mount/direct.sh, inside `stagefs run` for the mount sides.
+Prints: wall seconds, reader CPU seconds, daemon CPU seconds, direct opens, bytes_direct.
+
+    python3 direct_epoch.py DIRECTORY MODE [MOUNT]
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def daemon(mount):
+    """The daemon's CPU seconds so far and the mount's stats, or (0, {}) without a mount."""
+    if not mount:
+        return 0.0, {}
+    with open(os.path.join(mount, ".stagefs", "stats")) as f:
+        stats = json.load(f)
+    with open(f"/proc/{stats['pid']}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), stats
+
+
+def main():
+    directory, mode = sys.argv[1], sys.argv[2]
+    mount = sys.argv[3] if len(sys.argv) > 3 else None
+    c0, s0 = daemon(mount)
+    out = subprocess.run([sys.executable, os.path.join(HERE, "large_reader.py"), directory, mode],
+                         check=True, capture_output=True, text=True).stdout.split()
+    c1, s1 = daemon(mount)
+    opens = s1.get("direct_opens", 0) - s0.get("direct_opens", 0)
+    direct = s1.get("bytes_direct", 0) - s0.get("bytes_direct", 0)
+    print(f"{out[0]} {out[1]} {c1 - c0:.3f} {opens} {direct}")
+
+
+if __name__ == "__main__":
+    main()

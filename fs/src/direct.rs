@@ -1,0 +1,300 @@
+//! Direct descriptors: a reader on the mount's own node asks over the control socket
+//! ([`stagefs_protocol`], `direct_open`) and gets a read-only descriptor of the cache's exact,
+//! verified copy of a file, so its reads go to scratch at local speed instead of through FUSE
+//! (128 KiB round trips and copies through the daemon).
+//!
+//! **When.** Only where kernel passthrough would be allowed (the passthrough rule): a regular
+//! file larger than [`SMALL_FILE`] (small files are packed in segments: no file to hand out),
+//! wholly cached in a data file of its own, bound to the snapshot's version of the file (an
+//! entry is only ever served for the path and version it was stored for) and verified against
+//! its checksums in this mount. Never under `--revalidate` (each read re-checks the source, so
+//! the mount must see them), never for views, symlinks or control files. Anything else is a
+//! [`Refusal`] and the client reads through the mount. A complete copy not verified yet is
+//! queued for verification (and refused this time); copies found complete at mount are
+//! verified in the background right after binding ([`FsCore::verify_copies`]), so the warm
+//! epoch after a remount gets descriptors from its first opens.
+//!
+//! **What is handed out.** The copy opened afresh, `O_RDONLY` (a new open file description:
+//! the status flags the daemon uses for its own reads are not shared), checked to be a regular
+//! file of the snapshot's size; close-on-exec in the daemon. Never writable, never a path.
+//!
+//! **Pins.** Each grant pins the copy against eviction (eviction punches holes, which an open
+//! descriptor would read as zeros). Pins are held per connection ([`DirectPins`]) and released
+//! by `direct_close` or when the connection ends (client exit or crash), bounded per connection
+//! and in all ([`MAX_PINS_PER_CONNECTION`], [`MAX_PINS`]): past a bound the reply is
+//! [`Refusal::PinsFull`].
+//!
+//! **Counted** in the stats: `direct_opens`, `direct_refused`, `bytes_direct` (the file's size
+//! per grant: the daemon does not see the reads). Refusals that only a broken or hostile
+//! client causes (bad path, malformed, pins full) are logged at warn, at most one line per
+//! [`crate::hints::LOG_EVERY`]; the ordinary ones (not staged yet, small, ...) at debug.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, Weak};
+use std::time::Instant;
+
+use stagefs_prefetch::locks::lock;
+use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::{EntryId, FileKind};
+pub use stagefs_protocol::{Granted, Refusal, MAX_PINS, MAX_PINS_PER_CONNECTION};
+use tracing::{debug, warn};
+
+use crate::control::{CONTROL_DIR, VIEW_DIR};
+use crate::fscore::FsCore;
+
+// Clients skip files this small without asking (stagefs_protocol::SMALL_FILE).
+const _: () = assert!(stagefs_protocol::SMALL_FILE == SMALL_FILE);
+
+/// The direct-descriptor state a mount keeps.
+#[derive(Default)]
+pub struct DirectState {
+    /// Pins held by all connections.
+    pins: AtomicUsize,
+    /// Grant numbers (unique for the mount's life).
+    next_pin: AtomicU64,
+    last_log: Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+/// The pins one connection holds: released when it says so or when it is dropped (the
+/// connection ended).
+pub struct DirectPins {
+    core: Weak<FsCore>,
+    held: HashMap<u64, EntryId>,
+}
+
+impl DirectPins {
+    /// No pins yet, for a connection to `core`.
+    pub fn new(core: Weak<FsCore>) -> DirectPins {
+        DirectPins {
+            core,
+            held: HashMap::new(),
+        }
+    }
+
+    /// How many pins this connection holds.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether this connection holds no pin.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Releases grant `pin` (the client closed its descriptor); false if it holds no such pin.
+    pub fn release(&mut self, pin: u64) -> bool {
+        let Some(id) = self.held.remove(&pin) else {
+            return false;
+        };
+        if let Some(core) = self.core.upgrade() {
+            core.store().unpin(id);
+            core.direct.pins.fetch_sub(1, Relaxed);
+        }
+        true
+    }
+}
+
+impl Drop for DirectPins {
+    fn drop(&mut self) {
+        let pins: Vec<u64> = self.held.keys().copied().collect();
+        if !pins.is_empty() {
+            debug!(
+                pins = pins.len(),
+                "direct descriptors: connection ended, pins released"
+            );
+        }
+        for pin in pins {
+            self.release(pin);
+        }
+    }
+}
+
+impl FsCore {
+    /// Answers a `direct_open` of `path` for the connection holding `pins`: a read-only
+    /// descriptor of the verified copy (pinned until released) or why not. Counted and logged.
+    pub fn direct_open(
+        &self,
+        path: &str,
+        pins: &mut DirectPins,
+    ) -> Result<(OwnedFd, Granted), Refusal> {
+        let _span = tracing::debug_span!("direct_open", path).entered();
+        let got = self.grant(path, pins);
+        match &got {
+            Ok((_, g)) => {
+                self.stats().direct_opens.fetch_add(1, Relaxed);
+                self.stats().bytes_direct.fetch_add(g.size, Relaxed);
+                debug!(pin = g.pin, size = g.size, "direct descriptor handed out");
+            }
+            Err(r) => self.refused(path, *r),
+        }
+        got
+    }
+
+    /// Counts and logs a refusal (also for requests that never reached [`Self::direct_open`]).
+    pub fn refused(&self, path: &str, r: Refusal) {
+        self.stats().direct_refused.fetch_add(1, Relaxed);
+        let path: String = path.chars().take(200).collect();
+        if !matches!(r, Refusal::BadPath | Refusal::Malformed | Refusal::PinsFull) {
+            debug!(path, reason = %r, "direct open refused");
+            return;
+        }
+        let mut last = lock(&self.direct.last_log);
+        if last.is_some_and(|t| t.elapsed() < crate::hints::LOG_EVERY) {
+            self.direct.unlogged.fetch_add(1, Relaxed);
+            return;
+        }
+        *last = Some(Instant::now());
+        let also = self.direct.unlogged.swap(0, Relaxed);
+        warn!(path, reason = %r, unlogged_since = also, "direct open refused");
+    }
+
+    fn grant(&self, path: &str, pins: &mut DirectPins) -> Result<(OwnedFd, Granted), Refusal> {
+        if self.stopped() {
+            return Err(Refusal::Stopping);
+        }
+        stagefs_protocol::check_path(path).map_err(|_| Refusal::BadPath)?;
+        let rel = Path::new(path);
+        let first = rel.components().next().map(|c| c.as_os_str());
+        if first == Some(VIEW_DIR.as_ref()) {
+            return Err(Refusal::View);
+        }
+        if first == Some(CONTROL_DIR.as_ref()) {
+            return Err(Refusal::NotRegular);
+        }
+        if self.revalidating() {
+            return Err(Refusal::Revalidate);
+        }
+        let snap = self.snapshot_ref();
+        let node = snap.resolve(rel).ok().flatten().ok_or(Refusal::NotFound)?;
+        let attr = snap.attr(node).ok_or(Refusal::NotFound)?;
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Symlink => return Err(Refusal::Symlink),
+            _ => return Err(Refusal::NotRegular),
+        }
+        if attr.size <= SMALL_FILE {
+            return Err(Refusal::Small);
+        }
+        if pins.held.len() >= MAX_PINS_PER_CONNECTION {
+            return Err(Refusal::PinsFull);
+        }
+        // Reserve a pin in the total first, so racing connections cannot pass the bound.
+        if self
+            .direct
+            .pins
+            .fetch_update(Relaxed, Relaxed, |n| (n < MAX_PINS).then_some(n + 1))
+            .is_err()
+        {
+            return Err(Refusal::PinsFull);
+        }
+        let unreserve = || {
+            self.direct.pins.fetch_sub(1, Relaxed);
+        };
+        let state = match self.files().state(node, &attr) {
+            Ok(s) => s,
+            Err(_) => {
+                unreserve();
+                return Err(Refusal::NotFound);
+            }
+        };
+        let store = self.store();
+        let Some(file) = store.pin_passthrough(state.entry) else {
+            unreserve();
+            if store.is_complete(state.entry) {
+                self.queue_verify(state.entry);
+                return Err(Refusal::Verifying);
+            }
+            return Err(Refusal::NotStaged);
+        };
+        let fd = OwnedFd::from(file);
+        if let Err(why) = read_only_copy(&fd, attr.size, attr.mtime_ns) {
+            store.unpin(state.entry);
+            unreserve();
+            warn!(
+                path,
+                why, "direct open: the cache's copy is not as expected"
+            );
+            return Err(Refusal::NotStaged);
+        }
+        let pin = self.direct.next_pin.fetch_add(1, Relaxed) + 1;
+        pins.held.insert(pin, state.entry);
+        Ok((
+            fd,
+            Granted {
+                pin,
+                size: attr.size,
+                mtime_ns: attr.mtime_ns,
+            },
+        ))
+    }
+
+    /// Verifies, one after another on a background thread, the complete copies this mount
+    /// found in the cache (see the module docs). Ends early when the mount stops.
+    pub(crate) fn verify_copies(&self) {
+        let store = self.store();
+        let ids = store.unverified_copies();
+        let n = ids.len();
+        let mut ok = 0usize;
+        for id in ids {
+            if self.stopped() {
+                return;
+            }
+            ok += usize::from(store.verify(id));
+        }
+        if n > 0 {
+            debug!(
+                copies = n,
+                intact = ok,
+                "cached copies verified after mount"
+            );
+        }
+    }
+
+    /// Direct descriptors pinned now, by all connections.
+    pub fn direct_pins(&self) -> usize {
+        self.direct.pins.load(Relaxed)
+    }
+}
+
+/// Makes `fd` (a fresh open of the copy) plain `O_RDONLY`, checks it is a regular file of
+/// `size` bytes, and gives the copy the source's mtime `mtime_ns` (what a reader's `fstat`
+/// shows; tools that key on mtime see the source's).
+fn read_only_copy(fd: &OwnedFd, size: u64, mtime_ns: i64) -> Result<(), &'static str> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, fstat, futimens, FileType, OFlags, Timespec};
+    use rustix::fs::{Timestamps, UTIME_OMIT};
+    // The cache opens its copies O_NONBLOCK for its own reads; the reader gets none of that.
+    fcntl_setfl(fd.as_fd(), OFlags::empty()).map_err(|_| "fcntl failed")?;
+    let flags = fcntl_getfl(fd.as_fd()).map_err(|_| "fcntl failed")?;
+    if flags & OFlags::ACCMODE != OFlags::RDONLY {
+        return Err("not opened read-only");
+    }
+    let st = fstat(fd).map_err(|_| "fstat failed")?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err("not a regular file");
+    }
+    if u64::try_from(st.st_size).ok() != Some(size) {
+        return Err("not of the snapshot's size");
+    }
+    let mtime = Timespec {
+        tv_sec: mtime_ns.div_euclid(1_000_000_000),
+        tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as _,
+    };
+    let have = i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec);
+    if have != i128::from(mtime_ns) {
+        let times = Timestamps {
+            last_access: Timespec {
+                tv_sec: 0,
+                tv_nsec: UTIME_OMIT,
+            },
+            last_modification: mtime,
+        };
+        // The daemon owns the copy: setting times needs no write access. A failure only
+        // leaves the copy's own mtime.
+        let _ = futimens(fd, &times);
+    }
+    Ok(())
+}
