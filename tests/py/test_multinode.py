@@ -89,7 +89,7 @@ def world():
 def run_job(uid, base, exchange):
     job = os.path.join(base, f"q{exchange}")
     as_user(uid, ["mkdir", "-p", job])
-    mnts = []
+    mnts, ranks = [], []
     try:
         for n in range(NODES):
             mnt, cache = os.path.join(job, f"mnt{n}"), os.path.join(job, f"cache{n}")
@@ -98,7 +98,6 @@ def run_job(uid, base, exchange):
                               "--stage-hinted"])
             assert p.returncode == 0, f"mount {n}: {p.stderr}"
             mnts.append(mnt)
-        ranks = []
         for r in range(NODES * LOCAL):
             out = os.path.join(job, f"rank{r}.npz")
             cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
@@ -106,9 +105,15 @@ def run_job(uid, base, exchange):
                    str(r), str(NODES * LOCAL), str(LOCAL), str(exchange), str(EPOCHS), out]
             ranks.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True), out))
-        for p, _ in ranks:
-            text, _ = p.communicate(timeout=TIMEOUT)
-            assert p.returncode == 0, text
+        try:
+            for p, _ in ranks:
+                text, _ = p.communicate(timeout=TIMEOUT)
+                assert p.returncode == 0, text
+        finally:
+            for p, _ in ranks:  # a hung rank must not outlive the test (nor hold its mount)
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         got = []
         for _, out in ranks:
             with np.load(out) as z:
