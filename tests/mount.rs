@@ -473,6 +473,14 @@ fn stats_file_and_stat_command_report_the_mount() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("verdict"), "{text}");
     assert!(text.contains("from source"), "{text}");
+    // Every byte read from the source, whatever asked for it: exactly the file's blocks here.
+    let read = s["source_bytes_read"].as_u64().unwrap();
+    assert_eq!(
+        read,
+        fs::metadata(src.join("c/f8.bin")).unwrap().len(),
+        "{s}"
+    );
+    assert!(text.contains("from the source in all"), "{text}");
 }
 
 fn mount_errors_are_clear() {

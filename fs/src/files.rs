@@ -140,6 +140,8 @@ pub struct Files {
     push_ahead: AtomicBool,
     /// Bytes held by all files' remembered blocks.
     memo_held: Arc<AtomicU64>,
+    /// This node's declared part: staging and speculation keep to it.
+    scope: Arc<crate::scope::Scope>,
 }
 
 impl Files {
@@ -158,7 +160,13 @@ impl Files {
             pushers: Mutex::new(None),
             push_ahead: AtomicBool::new(false),
             memo_held: Arc::new(AtomicU64::new(0)),
+            scope: Arc::default(),
         })
+    }
+
+    /// This node's declared part ([`crate::scope`]).
+    pub fn scope(&self) -> &Arc<crate::scope::Scope> {
+        &self.scope
     }
 
     /// The snapshot the files belong to.
@@ -389,7 +397,11 @@ impl Files {
         }
         self.stats().reads.fetch_add(1, Relaxed);
         if let Some(ahead) = lock(ra).on_read(offset, u64::from(size), fsize) {
-            self.prefetch_bytes(s, ahead);
+            // Inside the declared part only: never into other nodes' rows.
+            match self.scope.clip(s.node, ahead.clone()) {
+                None => self.prefetch_bytes(s, ahead),
+                Some(parts) => parts.into_iter().for_each(|r| self.prefetch_bytes(s, r)),
+            }
         }
         if fsize > SMALL_FILE {
             s.read_to.store(end, Relaxed);
@@ -497,6 +509,11 @@ impl Files {
         }
         (0..block_count(attr.size))
             .filter(|b| !self.store().contains(s.entry, *b as u32))
+            .filter(|b| {
+                let start = b * BLOCK_SIZE;
+                self.scope
+                    .allows(node, start..(start + BLOCK_SIZE).min(attr.size))
+            })
             .map(|b| Self::want(&s, b))
             .collect()
     }

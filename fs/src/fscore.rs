@@ -103,6 +103,9 @@ pub struct FsConfig {
     pub fetch: FetchConfig,
     /// Stage the whole tree in the background when it fits.
     pub stage: bool,
+    /// Stage only what loaders declare as this node's part ([`crate::scope`]): no tree
+    /// staging before (or without) a declaration. Needs `stage`.
+    pub stage_hinted: bool,
     /// Cross-file prefetch depth (0 disables).
     pub cross_file: usize,
     /// Side S of images in `.npy/` views.
@@ -140,6 +143,7 @@ impl FsConfig {
             direct_scratch: true,
             fetch: FetchConfig::default(),
             stage: true,
+            stage_hinted: false,
             cross_file: CROSS_FILE_COUNT,
             image_size: stagefs_views::view::DEFAULT_IMAGE_SIZE,
             strict_views: false,
@@ -482,6 +486,14 @@ impl FsCore {
             return;
         }
         let capacity = self.store.capacity();
+        match crate::scope::spawn_stager(self.files.clone(), capacity, self.stop.clone()) {
+            Ok(t) => lock(&self.threads).push(t),
+            Err(e) => warn!(error = %e, "could not start staging of the declared part"),
+        }
+        if self.cfg.stage_hinted {
+            info!("staging waits for a loader to declare this node's part");
+            return;
+        }
         let planner = self.files.clone();
         let plan = move || {
             let (plan, total) = planner.staging_plan();

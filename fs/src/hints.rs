@@ -202,6 +202,9 @@ impl FsCore {
         let mut parts = rel.components();
         let first = parts.next().map(|c| c.as_os_str());
         if first == Some(std::ffi::OsStr::new(VIEW_DIR)) {
+            if h.scope.is_some() {
+                return Ok(0); // Views are rendered on demand: there is no part to stage.
+            }
             return self.hint_view(h, parts.as_path());
         }
         let unknown = || Rejected::Unknown(h.path.clone());
@@ -213,6 +216,14 @@ impl FsCore {
         }
         let total = check_ranges(h, attr.size)?;
         let files = self.files();
+        if let Some(generation) = h.scope {
+            if files.scope().add(node, generation, &h.ranges) {
+                // The tree stager's queued blocks may lie outside the part: drop them (the
+                // part's stager queues its own).
+                files.fetcher().drop_staging();
+            }
+            return Ok(total);
+        }
         let state = files.state(node, &attr).map_err(|_| unknown())?;
         let store = self.store();
         let ino = crate::inode::source_ino(node);

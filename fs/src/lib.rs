@@ -13,6 +13,7 @@
 //! - [`views`]: the `.npy/` tree.
 //! - [`hints`]: the control socket in the cache directory: read-order hints from loaders and
 //!   [`direct`] descriptors of verified copies ([`stagefs_protocol`] for the messages).
+//!   [`scope`]: the node's declared part, which staging and speculation keep to.
 //! - [`inode`]: inode numbers; [`control`]: names of the virtual tree; [`mount`]: sessions.
 //! - [`offload`]: the view pool, so slow renders never hold the FUSE threads.
 
@@ -27,6 +28,7 @@ pub mod inode;
 pub mod mount;
 pub mod offload;
 pub mod pushers;
+pub mod scope;
 pub mod sink;
 pub mod snapshot;
 pub mod stream;

@@ -284,3 +284,56 @@ fn shutdown_ends_the_hint_server_even_when_its_socket_path_is_gone() {
     rx.recv_timeout(std::time::Duration::from_secs(20))
         .expect("shutdown hung on the hint listener");
 }
+
+/// Settles background fetches, then the bytes read from the source so far.
+fn source_read(c: &FsCore) -> u64 {
+    let mut last = u64::MAX;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = c.stats().source_bytes_read.load(Relaxed);
+        if now == last && c.stats().fetches_in_flight.load(Relaxed) == 0 {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn a_declared_part_bounds_read_ahead_and_is_all_that_hinted_staging_stages() {
+    let b = BLOCK_SIZE;
+    let (_t, src, cache) = setup();
+    fs::write(src.join("other.bin"), pattern(9, BIG)).unwrap();
+    let mut cfg = config(&src, &cache);
+    cfg.stage = true;
+    cfg.stage_hinted = true;
+    let (c, _) = mount(cfg);
+    // Nothing is staged before a loader declares its part.
+    assert_eq!(source_read(&c), 0);
+    let line = format!(
+        r#"{{"path": "big.bin", "scope": 1, "ranges": [[{}, {}]]}}"#,
+        4 * b,
+        2 * b
+    );
+    assert_eq!(c.hint(line.as_bytes()), Ok(2 * b));
+    until("the part staged", || {
+        c.stats().source_bytes_read.load(Relaxed) >= 2 * b
+    });
+    assert_eq!(source_read(&c), 2 * b, "staging stayed inside the part");
+    // A header read at offset 0 reads its block and speculates nothing (first read of a
+    // handle); a sequential reader of the part reads ahead only inside it.
+    let got = read(&c, &rel("big.bin"), 0, 4096, 4096).unwrap();
+    assert_eq!(got, pattern(7, BIG)[..4096]);
+    assert_eq!(source_read(&c), 3 * b);
+    let got = read(&c, &rel("big.bin"), 4 * b, 2 * b, 128 << 10).unwrap();
+    assert_eq!(got, pattern(7, BIG)[(4 * b) as usize..(6 * b) as usize]);
+    assert_eq!(source_read(&c), 3 * b, "read-ahead went past the part");
+    // A file without a declared part: sequential reads speculate, but only as a reader's
+    // read-ahead (cross-file speculation and staging skip it).
+    let before = source_read(&c);
+    read(&c, &rel("other.bin"), 0, 2 * b, 128 << 10).unwrap();
+    assert!(
+        source_read(&c) > before + 2 * b,
+        "read-ahead of an undeclared file is unchanged"
+    );
+    assert_eq!(c.stats().hints_rejected.load(Relaxed), 0);
+}

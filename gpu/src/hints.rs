@@ -165,6 +165,26 @@ impl Hinter {
         for t in &self.targets {
             lines(t, rows, &mut text);
         }
+        self.write(&text)
+    }
+
+    /// Declares the rows `ranges` (of every hinted file) as what this node reads in epochs
+    /// `generation` and the next: the mount stages that set instead of the whole tree, and its
+    /// read-ahead stays inside it. Lines carry `"scope": generation`; the daemon replaces a
+    /// file's scope with a newer generation's and adds lines of the same one, so the ranks of
+    /// a node, each sending the same set, need not coordinate. False once hints are off.
+    pub fn send_scope(&self, generation: u64, ranges: &[std::ops::Range<u64>]) -> bool {
+        if self.is_off() {
+            return false;
+        }
+        let mut text = String::new();
+        for t in &self.targets {
+            scope_lines(t, generation, ranges, &mut text);
+        }
+        self.write(&text)
+    }
+
+    fn write(&self, text: &str) -> bool {
         let mut guard = self.stream.lock().unwrap_or_else(|p| p.into_inner());
         let Some(stream) = guard.as_mut() else {
             return false;
@@ -181,6 +201,36 @@ impl Hinter {
     /// The loader's sources that get hints.
     pub fn sources(&self) -> impl Iterator<Item = usize> + '_ {
         self.targets.iter().map(|t| t.source)
+    }
+}
+
+/// Appends the scope lines for row ranges `ranges` of `t` to `out`: byte ranges, merged when
+/// adjacent, [`MAX_RANGES`] per line (a scope line is a declaration, not a fetch request, so
+/// the per-line byte bound of read hints does not apply).
+fn scope_lines(t: &Target, generation: u64, ranges: &[std::ops::Range<u64>], out: &mut String) {
+    use std::fmt::Write as _;
+    let mut bytes: Vec<(u64, u64)> = Vec::new();
+    let mut sorted: Vec<_> = ranges.iter().filter(|r| !r.is_empty()).cloned().collect();
+    sorted.sort_unstable_by_key(|r| r.start);
+    for r in sorted {
+        let off = t.offset.saturating_add(r.start.saturating_mul(t.row_bytes));
+        let end = t.offset.saturating_add(r.end.saturating_mul(t.row_bytes));
+        match bytes.last_mut() {
+            Some((o, l)) if *o + *l >= off => *l = (*l).max(end - *o),
+            _ => bytes.push((off, end - off)),
+        }
+    }
+    for part in bytes.chunks(MAX_RANGES) {
+        let _ = write!(
+            out,
+            "{{\"path\":{},\"scope\":{generation},\"ranges\":[",
+            t.path_json
+        );
+        for (k, (o, l)) in part.iter().enumerate() {
+            let sep = if k == 0 { "" } else { "," };
+            let _ = write!(out, "{sep}[{o},{l}]");
+        }
+        out.push_str("]}\n");
     }
 }
 

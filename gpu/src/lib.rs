@@ -61,6 +61,7 @@ mod error;
 pub mod hints;
 mod host;
 pub mod loader;
+pub mod partition;
 pub mod plan;
 mod source;
 mod stats;

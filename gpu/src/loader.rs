@@ -41,6 +41,7 @@ use crate::augment::{Geometry, Scratch, Table, Transform};
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
 use crate::hints::Hinter;
+use crate::partition::{node_epoch_order, NodeLayout, Segment};
 use crate::plan::shuffle;
 use crate::source::Source;
 use crate::stats::{add_since, Counters, Stats};
@@ -112,6 +113,9 @@ pub struct LoaderConfig {
     /// Read files on a stagefs mount through direct descriptors of their verified copies
     /// where the daemon grants them ([`crate::direct`]); the others through the mount.
     pub direct: bool,
+    /// Keep each node on its own part of the rows ([`crate::partition`]); `None`: split one
+    /// global permutation as `DistributedSampler` does.
+    pub partition: Option<NodeLayout>,
 }
 
 impl Default for LoaderConfig {
@@ -130,6 +134,7 @@ impl Default for LoaderConfig {
             transform: None,
             hints: true,
             direct: true,
+            partition: None,
         }
     }
 }
@@ -321,7 +326,7 @@ impl<D: Device> Loader<D> {
     pub fn new(
         device: Arc<D>,
         mut sources: Vec<Source>,
-        config: LoaderConfig,
+        mut config: LoaderConfig,
     ) -> Result<Self, StreamError> {
         let first = sources
             .first()
@@ -344,6 +349,18 @@ impl<D: Device> Loader<D> {
                 "rank {} is not in 0..world_size ({})",
                 config.rank, config.world_size
             )));
+        }
+        if let Some(p) = &mut config.partition {
+            p.check(config.world_size)?;
+            if p.grid.is_none() {
+                // Cut on the file with the largest rows: it holds most of the bytes.
+                let s = sources.iter().max_by_key(|s| s.row_bytes).unwrap_or(first);
+                p.grid = Some(crate::partition::Grid {
+                    offset: s.offset,
+                    row_bytes: s.row_bytes.max(1),
+                    chunk_bytes: crate::partition::CHUNK_BYTES,
+                });
+            }
         }
         if config.ring == 0 {
             return Err(StreamError::Config(
@@ -491,10 +508,23 @@ impl<D: Device> Loader<D> {
     /// Batches of the rest of an epoch after `start` positions of its permutation were
     /// consumed ([`epoch_order_from`]).
     pub fn batches_from(&self, start: u64) -> u64 {
-        let rows = self
-            .rows
-            .saturating_sub(start)
-            .div_ceil(self.config.world_size);
+        let rows = match &self.config.partition {
+            Some(_) => self.order_from(0, start).len() as u64,
+            None => self
+                .rows
+                .saturating_sub(start)
+                .div_ceil(self.config.world_size),
+        };
+        self.batches_of(rows)
+    }
+
+    /// Batches of the rest of an epoch after the runs `before` of it ([`Loader::order_after`]).
+    pub fn batches_after(&self, before: &[Segment]) -> u64 {
+        self.batches_of(self.order_after(0, before).len() as u64)
+    }
+
+    /// Batches of a rank's order of `rows` positions.
+    fn batches_of(&self, rows: u64) -> u64 {
         if self.config.drop_last {
             rows / self.config.batch_size
         } else {
@@ -530,6 +560,10 @@ impl<D: Device> Loader<D> {
     /// The rows this rank visits in the rest of `epoch` from `start` ([`epoch_order_from`]).
     pub fn order_from(&self, epoch: u64, start: u64) -> Vec<u64> {
         let c = &self.config;
+        if let Some(p) = &c.partition {
+            let before = (start > 0).then(|| p.segment(c.world_size, start));
+            return self.order_after(epoch, before.as_slice());
+        }
         epoch_order_from(
             self.rows,
             c.shuffle,
@@ -539,6 +573,24 @@ impl<D: Device> Loader<D> {
             c.rank,
             c.world_size,
         )
+    }
+
+    /// The rows this rank visits in the rest of `epoch` after the runs `before` of it
+    /// ([`crate::partition::node_epoch_order`]); without a node partition, after the positions
+    /// they consumed together.
+    pub fn order_after(&self, epoch: u64, before: &[Segment]) -> Vec<u64> {
+        let c = &self.config;
+        match &c.partition {
+            Some(p) => node_epoch_order(
+                &p.order(self.rows, c.shuffle, c.seed),
+                epoch,
+                before,
+                c.world_size / p.local_world_size,
+                p.local_world_size,
+                c.rank,
+            ),
+            None => self.order_from(epoch, before.iter().map(|s| s.consumed).sum()),
+        }
     }
 
     /// Counters over all epochs so far; `elapsed` is the time spent inside epochs.
@@ -564,6 +616,16 @@ impl<D: Device> Loader<D> {
     /// Starts the rest of epoch `epoch` after `start` positions of its permutation were
     /// consumed by all ranks together (a resumed epoch, [`epoch_order_from`]).
     pub fn epoch_from(&self, epoch: u64, start: u64) -> Result<Epoch<D>, StreamError> {
+        self.epoch_with(epoch, self.order_from(epoch, start))
+    }
+
+    /// Starts the rest of epoch `epoch` after the runs `before` of it ([`Loader::order_after`]).
+    pub fn epoch_after(&self, epoch: u64, before: &[Segment]) -> Result<Epoch<D>, StreamError> {
+        self.epoch_with(epoch, self.order_after(epoch, before))
+    }
+
+    /// Starts an epoch that visits `order`.
+    fn epoch_with(&self, epoch: u64, order: Vec<u64>) -> Result<Epoch<D>, StreamError> {
         if self.ring.running.swap(true, Ordering::AcqRel) {
             return Err(StreamError::Config(
                 "another epoch of this loader is still running; finish or drop it first".into(),
@@ -574,9 +636,9 @@ impl<D: Device> Loader<D> {
             .epoch_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        let order: Arc<[u64]> = self.order_from(epoch, start).into();
+        let batches = self.batches_of(order.len() as u64);
+        let order: Arc<[u64]> = order.into();
         let batch_size = self.config.batch_size;
-        let batches = self.batches_from(start);
         let seed = self.config.seed;
         let cancel = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = bounded::<()>(0);
@@ -616,6 +678,20 @@ impl<D: Device> Loader<D> {
             })
             .collect();
         let hinter = self.hints.clone().filter(|h| !h.is_off());
+        // A node partition: this node's part of the epoch is what its mount stages. Not the
+        // next epoch's as well: a loader cannot tell a job's last epoch, and there the next
+        // epoch's exchanged chunks would be read for nobody (q of every part; even a few
+        // hinted batches of a shuffled order touch most of its blocks).
+        if let (Some(h), Some(p)) = (&hinter, &self.config.partition) {
+            let c = &self.config;
+            let nodes = c.world_size / p.local_world_size;
+            let o = p.order(self.rows, c.shuffle, c.seed);
+            let node = c.rank / p.local_world_size;
+            h.send_scope(
+                epoch,
+                &crate::partition::node_ranges(&o, epoch, nodes, node),
+            );
+        }
         if hinter.is_some() || !advised.is_empty() {
             let hinted = hinter.iter().flat_map(|h| h.sources());
             let row_bytes: u64 = hinted

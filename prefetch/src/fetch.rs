@@ -422,6 +422,17 @@ impl Fetcher {
         }
     }
 
+    /// Drops the staging blocks queued and not started (staging changed its plan).
+    pub fn drop_staging(&self) {
+        let mut q = lock(&self.shared.queues);
+        let Queues {
+            staging, queued, ..
+        } = &mut *q;
+        for (w, _) in staging.drain(..) {
+            queued.remove(&(w.entry, w.slot));
+        }
+    }
+
     /// Stops the workers (queued work is dropped) and waits for them.
     pub fn shutdown(&self) {
         self.shared.shutdown.store(true, Relaxed);
@@ -522,6 +533,11 @@ fn read_source(shared: &Shared, w: &Want) -> Result<Bytes, SourceError> {
     let data = shared
         .source
         .read_at(&w.rel, w.version, u64::from(w.slot) * BLOCK_SIZE, len)?;
+    // Every byte read from the source, whoever asked (demand, read-ahead, staging, hints).
+    shared
+        .stats
+        .source_bytes_read
+        .fetch_add(data.len() as u64, Relaxed);
     if data.len() < len {
         // Shorter than its size said: the file shrank since the snapshot.
         return Err(SourceError::Changed {

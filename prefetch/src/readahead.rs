@@ -3,7 +3,10 @@
 //! Like mountpoint-s3's prefetcher: the window starts at [`INITIAL_WINDOW`] and doubles on each
 //! sequential read up to [`MAX_WINDOW`]; a read within [`SEEK_TOLERANCE`] of the expected offset
 //! still counts as sequential (readers that skip a header or re-read a little), anything else
-//! resets the window. The window is per handle; the global bound on memory and in-flight bytes
+//! resets the window. A handle's first read fetches nothing ahead: one read is no pattern yet
+//! (a header probe — `.npy`'s, or `file`'s magic sniff — is often all there is), and on a file
+//! split between the nodes of a job a guess from offset 0 would read into another node's rows.
+//! The second read, if it continues the first, starts the window. The window is per handle; the global bound on memory and in-flight bytes
 //! is the fetcher's fixed worker pool and queue.
 
 use std::ops::Range;
@@ -18,6 +21,8 @@ pub const SEEK_TOLERANCE: u64 = 256 << 10;
 /// Read-ahead state of one open file handle.
 #[derive(Debug, Clone)]
 pub struct ReadAhead {
+    /// Whether the handle has been read at all.
+    started: bool,
     next: u64,
     window: u64,
     prefetched_to: u64,
@@ -26,6 +31,7 @@ pub struct ReadAhead {
 impl Default for ReadAhead {
     fn default() -> Self {
         ReadAhead {
+            started: false,
             next: 0,
             window: INITIAL_WINDOW / 2,
             prefetched_to: 0,
@@ -38,6 +44,12 @@ impl ReadAhead {
     /// to fetch ahead, if any.
     pub fn on_read(&mut self, offset: u64, len: u64, size: u64) -> Option<Range<u64>> {
         let end = (offset + len).min(size);
+        if !self.started {
+            self.started = true;
+            self.next = end;
+            self.prefetched_to = end;
+            return None;
+        }
         let sequential =
             offset + SEEK_TOLERANCE >= self.next && offset <= self.next + SEEK_TOLERANCE;
         if sequential {
@@ -112,6 +124,13 @@ mod tests {
         assert_eq!(ra.on_read(500 * MB, 4096, size), None);
         assert_eq!(ra.window(), INITIAL_WINDOW / 2);
         assert_eq!(ra.on_read(100 * MB, 4096, size), None);
+    }
+
+    #[test]
+    fn a_first_read_alone_fetches_nothing_ahead() {
+        let mut ra = ReadAhead::default();
+        assert_eq!(ra.on_read(0, 4096, 100 * MB), None);
+        assert_eq!(ra.on_read(4096, 4096, 100 * MB), Some(8192..8192 + MB));
     }
 
     #[test]

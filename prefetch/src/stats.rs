@@ -28,6 +28,8 @@ pub struct Stats {
     pub bytes_from_cache: AtomicU64,
     /// Bytes answered by reading the source on the reader's behalf.
     pub bytes_from_source: AtomicU64,
+    /// Every byte read from the source for any reason (demand, read-ahead, staging, hints).
+    pub source_bytes_read: AtomicU64,
     /// Opens served by kernel passthrough.
     pub passthrough_opens: AtomicU64,
     /// Bytes handed to readers by kernel passthrough, counted as the whole file's size at each
@@ -95,6 +97,9 @@ pub struct StatsSnapshot {
     pub bytes_from_cache: u64,
     /// Bytes of source files answered by the daemon from the source (readers waited).
     pub bytes_from_source: u64,
+    /// Every byte read from the source for any reason: demand, read-ahead, staging, hints.
+    #[serde(default)]
+    pub source_bytes_read: u64,
     /// `bytes_from_cache / (bytes_from_cache + bytes_from_source)`; `null` before any read.
     pub hit_ratio: Option<f64>,
     /// Opens served by kernel passthrough.
@@ -195,6 +200,7 @@ impl Default for Stats {
             stall_ns: AtomicU64::new(0),
             bytes_from_cache: AtomicU64::new(0),
             bytes_from_source: AtomicU64::new(0),
+            source_bytes_read: AtomicU64::new(0),
             passthrough_opens: AtomicU64::new(0),
             bytes_passthrough: AtomicU64::new(0),
             direct_opens: AtomicU64::new(0),
@@ -279,6 +285,7 @@ impl Stats {
             uptime_s: self.started.elapsed().as_secs_f64(),
             bytes_from_cache: from_cache,
             bytes_from_source: from_source,
+            source_bytes_read: self.source_bytes_read.load(Relaxed),
             hit_ratio: (total > 0).then(|| from_cache as f64 / total as f64),
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),

@@ -10,7 +10,10 @@
 //! **Requests**, one JSON object per line, at most [`MAX_LINE`] bytes:
 //! - a read-order hint, no reply: `{"path": REL, "ranges": [[offset, len], ...]}` (an `"op":
 //!   "hint"` field is allowed); at most [`MAX_RANGES`] ranges naming at most
-//!   [`MAX_HINT_BYTES`] bytes;
+//!   [`MAX_HINT_BYTES`] bytes. With `"scope": GENERATION` (an integer) the ranges are not bytes
+//!   to fetch now but this node's declared part of the file (a node-partitioned loader's rows
+//!   for an epoch): the mount stages that and keeps its speculation inside it, a newer
+//!   generation replacing an older one's ranges; the byte bound does not apply to such lines;
 //! - `{"op": "direct_open", "path": REL}`: asks for a read-only descriptor of the cache's
 //!   verified, exact copy of `REL` (relative to the mount root). Exactly one reply line;
 //! - `{"op": "direct_close", "pin": N}`: the client closed the descriptor of grant `N`; no
@@ -125,6 +128,9 @@ pub struct Hint {
     pub path: String,
     /// `(offset, len)` pairs, in the order they will be read.
     pub ranges: Vec<(u64, u64)>,
+    /// A scope line (`"scope": generation`): the ranges are this node's declared part, not
+    /// bytes to fetch now, so the per-line byte bound does not apply.
+    pub scope: Option<u64>,
 }
 
 /// One request line.
@@ -200,6 +206,13 @@ fn hint_of(obj: &serde_json::Map<String, Value>) -> Result<Hint, Rejected> {
     if ranges.len() > MAX_RANGES {
         return Err(Rejected::TooManyRanges(ranges.len()));
     }
+    let scope = match obj.get("scope") {
+        None => None,
+        Some(g) => Some(
+            g.as_u64()
+                .ok_or_else(|| Rejected::Malformed("\"scope\" is not an integer".into()))?,
+        ),
+    };
     let mut out = Vec::with_capacity(ranges.len());
     let mut total = 0u64;
     for r in ranges {
@@ -211,7 +224,7 @@ fn hint_of(obj: &serde_json::Map<String, Value>) -> Result<Hint, Rejected> {
                 Rejected::Malformed(format!("range {r} is not [offset, len] in integers"))
             })?;
         total = total.saturating_add(pair.1);
-        if total > MAX_HINT_BYTES {
+        if total > MAX_HINT_BYTES && scope.is_none() {
             return Err(Rejected::TooManyBytes(total));
         }
         out.push(pair);
@@ -220,6 +233,7 @@ fn hint_of(obj: &serde_json::Map<String, Value>) -> Result<Hint, Rejected> {
     Ok(Hint {
         path: path.to_string(),
         ranges: out,
+        scope,
     })
 }
 
@@ -621,9 +635,27 @@ mod tests {
             parse_request(br#"{"path":"x","ranges":[[0,1]]}"#),
             Ok(Request::Hint(Hint {
                 path: "x".into(),
-                ranges: vec![(0, 1)]
+                ranges: vec![(0, 1)],
+                scope: None,
             }))
         );
+        // A scope line: a declaration, beyond the byte bound of a hint.
+        let big = format!(
+            r#"{{"path":"x","scope":7,"ranges":[[0,{}]]}}"#,
+            MAX_HINT_BYTES * 4
+        );
+        assert_eq!(
+            parse_request(big.as_bytes()),
+            Ok(Request::Hint(Hint {
+                path: "x".into(),
+                ranges: vec![(0, MAX_HINT_BYTES * 4)],
+                scope: Some(7),
+            }))
+        );
+        assert!(matches!(
+            parse_request(br#"{"path":"x","scope":-1,"ranges":[]}"#),
+            Err(Rejected::Malformed(_))
+        ));
     }
 
     #[test]

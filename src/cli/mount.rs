@@ -78,6 +78,10 @@ pub struct Args {
     /// Do not stage the whole tree in the background, even if it fits.
     #[arg(long)]
     pub no_staging: bool,
+    /// Stage only what loaders declare as this node's part (`stagefs.Loader(partition="node")`
+    /// on several nodes), not the whole tree: nothing is staged until a loader connects.
+    #[arg(long, conflicts_with = "no_staging")]
+    pub stage_hinted: bool,
     /// Do not use kernel FUSE passthrough for fully cached files.
     #[arg(long)]
     pub no_passthrough: bool,
@@ -419,6 +423,7 @@ fn fs_config(args: &Args, source: PathBuf, cache_dir: PathBuf, index: Option<Pat
     cfg.fetch.workers = args.fetch_threads as usize;
     cfg.fetch.read_timeout = args.read_timeout;
     cfg.stage = !args.no_staging;
+    cfg.stage_hinted = args.stage_hinted;
     cfg.image_size = args.image.image_size;
     cfg.strict_views = args.strict_views;
     cfg.index = index;

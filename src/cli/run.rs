@@ -50,6 +50,10 @@ pub struct Args {
     /// Mount SRC (read-only, cached) at MNT before starting CMD; repeatable.
     #[arg(long = "mount", value_name = "SRC:MNT[:CACHE]")]
     pub mounts: Vec<String>,
+    /// An option for every `stagefs mount` (`--mount-arg=--index=FILE`,
+    /// `--mount-arg=--stage-hinted`); repeatable.
+    #[arg(long = "mount-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub mount_args: Vec<String>,
     /// Copy SRC's new and changed files to DST periodically and at the end; repeatable.
     /// SRC and DST are created if missing.
     #[arg(long = "sync", value_name = "SRC:DST")]
@@ -185,7 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 
     let mut mounted: Vec<PathBuf> = Vec::new();
     for m in &mounts {
-        if let Err(e) = mount(&exe, m) {
+        if let Err(e) = mount(&exe, m, &args.mount_args) {
             unmount_all(&exe, &mounted);
             return Err(e);
         }
@@ -407,7 +411,7 @@ fn control_socket(mnt: &Path) -> Option<PathBuf> {
     ok.then_some(socket)
 }
 
-fn mount(exe: &Path, m: &MountSpec) -> anyhow::Result<()> {
+fn mount(exe: &Path, m: &MountSpec, extra: &[String]) -> anyhow::Result<()> {
     std::fs::create_dir_all(&m.mnt)
         .with_context(|| format!("creating mount point {}", m.mnt.display()))?;
     // `stagefs mount` creates the cache (0700) and refuses one that is not private.
@@ -417,6 +421,7 @@ fn mount(exe: &Path, m: &MountSpec) -> anyhow::Result<()> {
         .arg(&m.mnt)
         .arg("--cache")
         .arg(&m.cache)
+        .args(extra)
         .status()
         .context("running stagefs mount")?;
     if !status.success() {

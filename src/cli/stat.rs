@@ -84,6 +84,10 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
             )),
         gib(s.view_bytes),
     );
+    out += &format!(
+        "read       {} from the source in all (demand, read-ahead, staging, hints)\n",
+        gib(s.source_bytes_read)
+    );
     if s.passthrough_opens > 0 {
         out += &format!(
             "passthru   {} opens, {} in those files (read by the kernel straight from scratch)\n",

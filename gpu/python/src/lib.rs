@@ -29,10 +29,14 @@ use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use stagefs_gpu::partition::{NodeLayout, Segment};
 use stagefs_gpu::{
     CpuDevice, Crop, CudaDevice, DeviceError, Epoch, Geometry, LoadedBatch, Loader, LoaderConfig,
     OutType, Source, StreamError, Transform,
 };
+
+mod partition;
+use partition::{segments, SegmentArgs};
 use stagefs_npy::DType;
 
 /// A Rust error as the Python exception a user expects.
@@ -186,7 +190,9 @@ fn crop_box(
 }
 
 /// `stagefs._native.Loader(paths, batch_size, shuffle, seed, drop_last, device, rank,
-/// world_size, ring, readers, pin_memory, transform, hints, direct)`: see `stagefs.Loader`.
+/// world_size, ring, readers, pin_memory, transform, hints, direct, partition)`: see
+/// `stagefs.Loader`; `partition` is `(local_world_size, exchange)` for a node partition, `None`
+/// for the global split.
 #[pyclass(module = "stagefs._native", name = "Loader", frozen)]
 struct PyLoader {
     loader: AnyLoader,
@@ -197,7 +203,7 @@ struct PyLoader {
 #[pymethods]
 impl PyLoader {
     #[new]
-    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None, hints=true, direct=true))]
+    #[pyo3(signature = (paths, batch_size, shuffle, seed, drop_last, device, rank, world_size, ring, readers, pin_memory, transform=None, hints=true, direct=true, partition=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -215,6 +221,7 @@ impl PyLoader {
         transform: Option<TransformArgs>,
         hints: bool,
         direct: bool,
+        partition: Option<(u64, f64)>,
     ) -> PyResult<Self> {
         let transform = transform.map(transform_of).transpose()?;
         let config = LoaderConfig {
@@ -229,6 +236,11 @@ impl PyLoader {
             readers,
             hints,
             direct,
+            partition: partition.map(|(local_world_size, exchange)| NodeLayout {
+                local_world_size,
+                exchange,
+                grid: None,
+            }),
         };
         let device = device.trim().to_ascii_lowercase();
         let loader = py.detach(|| -> PyResult<AnyLoader> {
@@ -268,9 +280,16 @@ impl PyLoader {
     }
 
     /// Starts epoch `epoch` after `start` positions of its permutation were consumed by all
-    /// ranks (0: the whole epoch), closing the previous one if it still runs.
-    #[pyo3(signature = (epoch, start=0))]
-    fn epoch(slf: &Bound<'_, Self>, epoch: u64, start: u64) -> PyResult<Py<PyEpoch>> {
+    /// ranks (0: the whole epoch) — or, when given, after the runs `before` of it
+    /// (`[(nodes, local_world_size, consumed)]`) — closing the previous one if it still runs.
+    #[pyo3(signature = (epoch, start=0, before=Vec::new()))]
+    fn epoch(
+        slf: &Bound<'_, Self>,
+        epoch: u64,
+        start: u64,
+        before: Vec<SegmentArgs>,
+    ) -> PyResult<Py<PyEpoch>> {
+        let before: Vec<Segment> = segments(before);
         let py = slf.py();
         let this = slf.get();
         let mut current = this.current.lock().unwrap_or_else(PoisonError::into_inner);
@@ -279,6 +298,12 @@ impl PyLoader {
         }
         let started = py
             .detach(|| match &this.loader {
+                AnyLoader::Cpu(l) if !before.is_empty() => {
+                    l.epoch_after(epoch, &before).map(AnyEpoch::Cpu)
+                }
+                AnyLoader::Cuda(l) if !before.is_empty() => {
+                    l.epoch_after(epoch, &before).map(AnyEpoch::Cuda)
+                }
                 AnyLoader::Cpu(l) => l.epoch_from(epoch, start).map(AnyEpoch::Cpu),
                 AnyLoader::Cuda(l) => l.epoch_from(epoch, start).map(AnyEpoch::Cuda),
             })
@@ -351,20 +376,40 @@ impl PyLoader {
     }
 
     /// The rows this rank visits in `epoch` from position `start` of its permutation, in order.
-    #[pyo3(signature = (epoch, start=0))]
-    fn order(&self, epoch: u64, start: u64) -> Vec<u64> {
+    /// With `before`, the rest after those runs of the epoch.
+    #[pyo3(signature = (epoch, start=0, before=Vec::new()))]
+    fn order(&self, epoch: u64, start: u64, before: Vec<SegmentArgs>) -> Vec<u64> {
+        let before = segments(before);
         match &self.loader {
+            AnyLoader::Cpu(l) if !before.is_empty() => l.order_after(epoch, &before),
+            AnyLoader::Cuda(l) if !before.is_empty() => l.order_after(epoch, &before),
             AnyLoader::Cpu(l) => l.order_from(epoch, start),
             AnyLoader::Cuda(l) => l.order_from(epoch, start),
         }
     }
 
-    /// Batches of epoch's rest from position `start` of its permutation.
-    fn batches_from(&self, start: u64) -> u64 {
+    /// Batches of epoch's rest from position `start` of its permutation (or after `before`).
+    #[pyo3(signature = (start, before=Vec::new()))]
+    fn batches_from(&self, start: u64, before: Vec<SegmentArgs>) -> u64 {
+        let before = segments(before);
         match &self.loader {
+            AnyLoader::Cpu(l) if !before.is_empty() => l.batches_after(&before),
+            AnyLoader::Cuda(l) if !before.is_empty() => l.batches_after(&before),
             AnyLoader::Cpu(l) => l.batches_from(start),
             AnyLoader::Cuda(l) => l.batches_from(start),
         }
+    }
+
+    /// Where the node partition cuts exchanged chunks, `(offset, row_bytes, chunk_bytes)`
+    /// (`None`: global split).
+    #[getter]
+    fn grid(&self) -> Option<(u64, u64, u64)> {
+        let config = match &self.loader {
+            AnyLoader::Cpu(l) => l.config(),
+            AnyLoader::Cuda(l) => l.config(),
+        };
+        let g = config.partition.and_then(|p| p.grid)?;
+        Some((g.offset, g.row_bytes, g.chunk_bytes))
     }
 
     /// Who waited on whom, over all epochs so far (the figures of `stagefs stream --json`).
@@ -654,5 +699,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEpoch>()?;
     m.add_class::<PyTensor>()?;
     m.add_function(wrap_pyfunction!(crop_box, m)?)?;
+    partition::register(m)?;
     Ok(())
 }

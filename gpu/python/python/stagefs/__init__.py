@@ -40,6 +40,7 @@ import zlib
 from typing import Iterator, Sequence
 
 from . import _native
+from . import _partition
 
 __all__ = ["Loader", "RandomResizedCrop", "CenterCrop", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -202,6 +203,14 @@ class Loader:
             through a read-only descriptor of that copy, at local speed, instead of through
             FUSE; any other file reads through the mount, silently, with the reason in
             ``stats()["direct_fallbacks"]``. ``False`` turns it off.
+        partition: ``"node"`` (default): each node (``rank // local_world_size``) reads a
+            fixed, contiguous part of the rows, shuffled within the node, so N nodes' mounts
+            read the dataset once in total; ``"global"``: one permutation split across all
+            ranks (``DistributedSampler``). On one node the two are alike (docs/multi-node.md).
+        exchange: with ``partition="node"``, the fraction (0..1) of each node's part that
+            moves to other nodes each epoch, in chunks of ~8 MiB (1: the global order).
+        local_world_size: ranks per node; default from ``LOCAL_WORLD_SIZE`` (torchrun) or
+            ``SLURM_NNODES`` (srun), else all ranks on one node.
 
     The position can be saved with ``state_dict()`` and restored with ``load_state_dict()``
     (mid-epoch, also under another ``world_size``); ``epoch`` is the next epoch to iterate.
@@ -232,6 +241,9 @@ class Loader:
         layout: str = "NHWC",
         hints: bool = True,
         direct: bool = True,
+        partition: str = _partition.DEFAULT_PARTITION,
+        exchange: float = 0.0,
+        local_world_size: int | None = None,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -271,6 +283,13 @@ class Loader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.transform = transform
+        self.partition = partition
+        self.local_world_size, self.exchange = _partition.resolve(
+            partition, exchange, self.rank, self.world_size, local_world_size)
+        self.nodes = self.world_size // self.local_world_size
+        # Earlier runs of the next epoch, (nodes, local_world_size, consumed), for a node
+        # partition restored mid-epoch.
+        self._before: list = []
         self._epoch = 0
         # Positions of the next epoch's permutation already consumed (by a restored run).
         self._start = 0
@@ -280,14 +299,16 @@ class Loader:
             self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
             self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
             bool(hints), bool(direct),
+            (self.local_world_size, self.exchange) if partition == "node" else None,
         )
 
     def __iter__(self) -> Iterator[tuple]:
-        epoch, start = self._epoch, self._start
-        native = self._native.epoch(epoch, start)
-        self._epoch, self._start = epoch + 1, 0
+        epoch, start, before = self._epoch, self._start, self._before
+        native = self._native.epoch(epoch, start, before)
+        self._epoch, self._start, self._before = epoch + 1, 0, []
         self._current = _EpochIterator(
-            native, self._convert, epoch, start, self._native.batches_from(start))
+            native, self._convert, epoch, start, self._native.batches_from(start, before))
+        self._current.before = before
         return self._current
 
     @property
@@ -304,12 +325,27 @@ class Loader:
         ranks it assumes they step in lockstep (DDP does): any rank's state is the state.
         """
         it = self._current
+        before = self._before
         if it is not None and not it.finished and it.delivered < it.total:
             epoch = it.epoch
-            start = min(self.rows, it.start + it.delivered * self.batch_size * self.world_size)
+            consumed = it.delivered * self.batch_size * self.world_size
+            start = min(self.rows, it.start + consumed)
+            if self.partition == "node":
+                before = it.before + [(self.nodes, self.local_world_size, consumed)]
         else:
             epoch, start = self._epoch, self._start
+        node = {}
+        if self.partition == "node":
+            node = {
+                # How the parts were assigned, and the runs of this epoch so far.
+                "partition": {"mode": "node", "nodes": self.nodes,
+                              "local_world_size": self.local_world_size,
+                              "exchange": self.exchange,
+                              "grid": list(self._native.grid)},
+                "segments": [list(s) for s in before],
+            }
         return {
+            **node,
             "version": _STATE_VERSION,
             "epoch": epoch,
             # Samples of the epoch's permutation consumed by all ranks together (0: none yet).
@@ -368,9 +404,37 @@ class Loader:
         epoch, start = int(state["epoch"]), int(state["start"])
         if epoch < 0 or not 0 <= start <= self.rows:
             raise ValueError(f"state position out of range: epoch {epoch}, start {start}")
+        before = self._check_partition(state)
         self.close()
         self._current = None
-        self._epoch, self._start = epoch, start
+        self._epoch, self._start, self._before = epoch, start, before
+
+    def _check_partition(self, state: dict) -> list:
+        """The earlier runs of the saved epoch, once the state's partition matches ours."""
+        saved = state.get("partition") or {"mode": "global"}
+        mode = saved.get("mode")
+        segments = state.get("segments") or []
+        # One node is the global order exactly: such states move between the two.
+        if mode == "global" and self.partition == "node" and self.nodes == 1:
+            return [(1, self.local_world_size, int(state["start"]))]
+        if mode == "node" and self.partition == "global" and all(
+                isinstance(s, list) and s and s[0] == 1 for s in segments):
+            return []
+        if mode != self.partition:
+            raise ValueError(
+                f"this state was saved with partition={mode!r}, this loader has "
+                f"partition={self.partition!r}: the epoch's order would differ")
+        if mode != "node":
+            return []
+        for key, mine in (("exchange", self.exchange), ("grid", list(self._native.grid))):
+            if saved.get(key) != mine:
+                raise ValueError(
+                    f"this state was saved with {key}={saved.get(key)!r}, this loader has "
+                    f"{key}={mine!r}: the epoch's order would differ")
+        try:
+            return [tuple(int(x) for x in s) for s in segments if len(s) == 3]
+        except (TypeError, ValueError):
+            raise ValueError(f"malformed segments in the state: {segments!r}") from None
 
     def fingerprints(self) -> list:
         """Each file's identity (name, size, CRC-32 of its ends), as ``state_dict`` stores it."""
@@ -388,15 +452,16 @@ class Loader:
         if int(epoch) < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         if int(epoch) != self._epoch:
-            self._start = 0
+            self._start, self._before = 0, []
         self._epoch = int(epoch)
         # An iteration left unfinished is abandoned: the position is now the next iteration's.
         self._current = None
 
-    def order(self, epoch: int, start: int = 0) -> list[int]:
+    def order(self, epoch: int, start: int = 0, before: Sequence = ()) -> list[int]:
         """The rows this rank visits in ``epoch``, in order (batch i is ``order[i*B:(i+1)*B]``);
-        with ``start``, the rest after ``start`` positions of the epoch's permutation."""
-        return self._native.order(int(epoch), int(start))
+        with ``start``, the rest after ``start`` positions of the epoch's permutation; with
+        ``before`` (a node partition's ``state_dict()["segments"]``), the rest after those."""
+        return self._native.order(int(epoch), int(start), [tuple(s) for s in before])
 
     def stats(self) -> dict:
         """Who waited on whom, over all epochs so far: the figures of ``stagefs stream --json``.
@@ -441,6 +506,8 @@ class _EpochIterator:
         self._native = native
         self._convert = convert
         self.epoch, self.start, self.total = epoch, start, total
+        # The earlier runs of this epoch (node partition, restored mid-epoch).
+        self.before: list = []
         self.delivered = 0
         self.finished = False
 
@@ -461,6 +528,15 @@ class _EpochIterator:
 
     def close(self) -> None:
         self._native.close()
+
+
+def __getattr__(name: str):
+    # ``stagefs.torch`` (the Sampler) on first use, so ``import stagefs`` needs no torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'stagefs' has no attribute {name!r}")
 
 
 def _converter(kind: str):
