@@ -6,8 +6,8 @@
 //! resets the window. A handle's first read fetches nothing ahead: one read is no pattern yet
 //! (a header probe — `.npy`'s, or `file`'s magic sniff — is often all there is), and on a file
 //! split between the nodes of a job a guess from offset 0 would read into another node's rows.
-//! The second read, if it continues the first, starts the window. The window is per handle; the global bound on memory and in-flight bytes
-//! is the fetcher's fixed worker pool and queue.
+//! The second read, if it continues the first, starts the window. The window is per handle;
+//! the global bound on memory and in-flight bytes is the fetcher's fixed worker pool and queue.
 
 use std::ops::Range;
 
