@@ -486,7 +486,7 @@ impl FsCore {
             return;
         }
         let capacity = self.store.capacity();
-        match crate::scope::spawn_stager(self.files.clone(), capacity, self.stop.clone()) {
+        match crate::scope_stager::spawn_stager(self.files.clone(), capacity, self.stop.clone()) {
             Ok(t) => lock(&self.threads).push(t),
             Err(e) => warn!(error = %e, "could not start staging of the declared part"),
         }

@@ -29,6 +29,7 @@ pub mod mount;
 pub mod offload;
 pub mod pushers;
 pub mod scope;
+pub mod scope_stager;
 pub mod sink;
 pub mod snapshot;
 pub mod stream;

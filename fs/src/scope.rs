@@ -3,7 +3,7 @@
 //! a `"scope"` generation, see [`crate::hints`]).
 //!
 //! Once a scope is declared the mount stages that set instead of the whole tree (the tree
-//! stager skips everything else, its queued blocks are dropped, and [`spawn_stager`] fetches the
+//! stager skips everything else, its queued blocks are dropped, and [`crate::scope_stager::spawn_stager`] fetches the
 //! declared blocks), and speculation stays inside it: read-ahead of a file with a scope is cut
 //! to the scope's ranges, and cross-file prefetch skips files without one. So the header read at
 //! offset 0 of a file whose rows are split across nodes does not read ahead into other nodes'
@@ -19,22 +19,14 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Mutex;
 
-use stagefs_prefetch::fetch::Priority;
 use stagefs_prefetch::locks::lock;
-use stagefs_prefetch::staging::FEED_DEPTH;
-use tracing::info;
 
-use crate::files::Files;
 use crate::snapshot::NodeId;
 
 /// Most ranges kept over all files.
 pub const MAX_RANGES: usize = 1 << 20;
-/// How often the stager looks for a changed scope or the stop flag.
-const TICK: Duration = Duration::from_millis(50);
 
 /// One file's declared ranges.
 struct FileScope {
@@ -155,68 +147,6 @@ impl Scope {
     }
 }
 
-/// Starts the thread that stages the declared scope into the cache whenever it changes (until
-/// `stop`), if the declared bytes fit in `capacity`.
-pub fn spawn_stager(
-    files: Arc<Files>,
-    capacity: u64,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("stagefs-stage-scope".into())
-        .spawn(move || {
-            let scope = files.scope();
-            let mut done = 0u64;
-            loop {
-                if stop.load(Relaxed) {
-                    return;
-                }
-                let v = scope.version();
-                if v == done || !scope.is_active() {
-                    std::thread::sleep(TICK);
-                    continue;
-                }
-                // Declarations come as many lines (a line per file from a Sampler, from every
-                // rank): start once they have stopped changing for a tick, not once per line.
-                std::thread::sleep(TICK);
-                if scope.version() != v {
-                    continue;
-                }
-                done = v;
-                let list = scope.files();
-                let total: u64 = list.iter().map(|(_, b)| b).sum();
-                if total > capacity {
-                    info!(
-                        total,
-                        capacity, "declared part larger than the cache: not staged"
-                    );
-                    continue;
-                }
-                info!(
-                    files = list.len(),
-                    bytes = total,
-                    "staging this node's part"
-                );
-                'files: for (node, _) in list {
-                    for w in files.missing_blocks(node) {
-                        while files.fetcher().queued(Priority::Staging) >= FEED_DEPTH {
-                            if stop.load(Relaxed) {
-                                return;
-                            }
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        if stop.load(Relaxed) {
-                            return;
-                        }
-                        if scope.version() != done {
-                            break 'files; // Changed: start over with the new scope.
-                        }
-                        files.fetcher().prefetch([w], Priority::Staging);
-                    }
-                }
-            }
-        })
-}
 
 #[cfg(test)]
 mod tests {
