@@ -112,12 +112,14 @@ pub fn scan_chunk(
     let end = start
         .checked_add(len)
         .ok_or("a column chunk past the largest offset")?;
-    // The reader stops once it has the chunk's values; so does the scan (bytes after them are
-    // never decoded).
+    // Every page header up to the chunk's end: the parquet crate's page reader reads headers
+    // until the chunk's bytes run out, not until it has the chunk's values (a header past the
+    // values, unchecked, held a list of 2^31 doubles that its Thrift skipper walked at the end
+    // of the input for minutes: a fuzzed 347-byte file).
     let want_values = u64::try_from(chunk.num_values()).unwrap_or(0);
     let mut cost = ChunkCost::default();
     let (mut at, mut values) = (start, 0u64);
-    while at < end && (want_values == 0 || values < want_values) {
+    while at < end {
         let page = cost.pages;
         let (h, header_len) =
             read_header(at, end, read).map_err(|e| format!("page {page}: {e}"))?;
@@ -169,6 +171,13 @@ pub fn scan_chunk(
         }
         cost.pages += 1;
         at = next;
+    }
+    // Pages holding fewer values than the footer claims: the reader would go on reading
+    // "pages" past the chunk's end, out of whatever bytes follow.
+    if values < want_values {
+        return Err(format!(
+            "its pages hold {values} values, the footer claims {want_values}"
+        ));
     }
     Ok(cost)
 }

@@ -103,3 +103,25 @@ fn jpeg_declaring_57_mpx_in_732_bytes_is_refused_before_decoding() {
     let err = stagefs_views::image::decode::render(bytes, 16, &mut out).unwrap_err();
     assert!(err.contains("more than its format can hold"), "{err}");
 }
+
+/// Fuzzer finding (`parquet_pages`, timeout): a 347-byte file whose column chunk holds, after
+/// the pages with its values, a page header with a list claiming 2^31 doubles. The parquet
+/// crate reads page headers until the chunk's bytes run out (not until it has the values) and
+/// its Thrift skipper walks such a list at the end of its input without error, one empty copy
+/// per element: minutes of CPU. The page scan now checks every header up to the chunk's end.
+#[test]
+fn parquet_header_listing_2_31_doubles_after_the_values_fails_at_once() {
+    let t = std::time::Instant::now();
+    let errors = read_everything(&corpus("parquet_list_of_doubles_past_the_values.parquet"));
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| matches!(e, ViewError::Corrupt { .. })),
+        "{errors:?}"
+    );
+}
