@@ -147,7 +147,6 @@ impl Scope {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
