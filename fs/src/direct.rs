@@ -202,7 +202,17 @@ impl FsCore {
             }
         };
         let store = self.store();
-        let Some(file) = store.pin_passthrough(state.entry) else {
+        let mut pinned = store.pin_passthrough(state.entry);
+        if pinned.is_none() && store.is_complete(state.entry) {
+            // A complete copy not verified in this mount yet (a remount's copies are verified
+            // in the background, which an epoch starting at once outruns): verify it now,
+            // through the page cache, so the caller's reads that follow come from memory. The
+            // first epoch after a remount then reads direct instead of through FUSE.
+            if store.verify_for_reader(state.entry) {
+                pinned = store.pin_passthrough(state.entry);
+            }
+        }
+        let Some(file) = pinned else {
             unreserve();
             if store.is_complete(state.entry) {
                 self.queue_verify(state.entry);

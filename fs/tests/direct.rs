@@ -398,3 +398,27 @@ fn regression_a_copy_staged_in_this_mount_was_refused_verifying_in_the_next_epoc
     assert_eq!(c.stats().direct_refused.load(Relaxed), 0);
     c.shutdown();
 }
+
+/// After a remount the copies are verified in the background, and an epoch that starts at once
+/// outran it: every open was refused "verifying" and the whole first warm epoch read through
+/// FUSE (bench/mount/direct.sh: 0 direct opens). An open of a complete copy not yet verified is
+/// now verified on the spot, through the page cache the reader reads next.
+#[test]
+fn regression_the_first_epoch_after_a_remount_was_refused_verifying() {
+    let (_t, src, cache) = setup();
+    {
+        let (c, _) = mount(config(&src, &cache));
+        stage(&c, "big.bin");
+        stage(&c, "d/big2.bin");
+        c.shutdown();
+    }
+    let (c, _) = mount(config(&src, &cache));
+    let sock = started(&c);
+    let mut client = DirectClient::connect(&sock).unwrap();
+    for (rel, seed) in [("big.bin", 7), ("d/big2.bin", 8)] {
+        let (fd, _) = client.open(rel).expect("granted at once, not refused");
+        assert!(read_all(fd) == pattern(seed, BIG));
+    }
+    assert_eq!(c.stats().direct_refused.load(Relaxed), 0);
+    c.shutdown();
+}

@@ -413,6 +413,21 @@ impl CacheStore {
     /// true if the entry is complete and intact (then passthrough may serve it). Meant for a
     /// background thread: it reads the whole entry.
     pub fn verify(&self, id: EntryId) -> bool {
+        self.verify_with(id, |id, slot, _| self.read(id, slot).is_some())
+    }
+
+    /// [`verify`](Self::verify), reading the copy through the page cache (never `O_DIRECT`):
+    /// for a reader about to read the same bytes, whose reads then come from memory, so the
+    /// check costs the reader nothing but the checksums.
+    pub fn verify_for_reader(&self, id: EntryId) -> bool {
+        self.verify_with(id, |_, _, loc| {
+            self.locate(loc)
+                .and_then(|(file, off)| scratch::read_verified(&file, off, loc))
+                .is_some()
+        })
+    }
+
+    fn verify_with(&self, id: EntryId, block_ok: impl Fn(EntryId, u32, Loc) -> bool) -> bool {
         let locs = {
             let inner = lock(&self.inner);
             match inner.entries.get(id as usize).and_then(Option::as_ref) {
@@ -420,8 +435,8 @@ impl CacheStore {
                 _ => return false,
             }
         };
-        for (slot, _) in locs {
-            if self.read(id, slot).is_none() {
+        for (slot, loc) in locs {
+            if !block_ok(id, slot, loc) {
                 return false;
             }
         }
