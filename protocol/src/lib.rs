@@ -77,8 +77,13 @@ pub const MAX_PINS_PER_CONNECTION: usize = 1024;
 pub const MAX_PINS: usize = 8192;
 /// Longest reply line: the largest has three 20-digit numbers.
 pub const MAX_REPLY: usize = 512;
-/// How long a client waits for a reply (or to write a request) before it gives up.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client waits for a reply (or to write a request) before it gives up: 10 s. A
+/// direct open of a copy not yet verified in this mount verifies it first (all of its bytes,
+/// through the page cache the reader reads next): at the ~1 GB/s of a node's NVMe that is a
+/// few GB, and a process's opens share one connection. (With 2 s, eight 256 MB copies opened
+/// at once by one process on a RAM-backed scratch outran it and the epoch read through FUSE.)
+/// A hung daemon costs a process this wait once: the preload library then leaves it alone.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room for a socket path in a socket address (108 bytes with its NUL, with a margin).
 pub const MAX_ADDR: usize = 100;
 /// Files of at most this many bytes are packed with others in the cache's segments and never
