@@ -7,6 +7,7 @@ from 2 nodes to 1 covers the rest once."""
 
 import json
 import os
+import time
 import sys
 
 import numpy as np
@@ -74,8 +75,11 @@ def test_dataloader_workers_read_this_nodes_files_once(mount):
     src, mnt = mount
     folder = datasets.ImageFolder(str(mnt / "imgs"), transform=transforms.ToTensor())
     n = len(folder)
+    # Node 0's samplers stand for the other node's: they must not declare their part to this
+    # node's mount (on a cluster they would reach their own node's mount, not this one).
     samplers = [stagefs.torch.DistributedSampler(folder, num_replicas=WORLD, rank=r, seed=4,
-                                                 local_world_size=LOCAL, chunk=8)
+                                                 local_world_size=LOCAL, chunk=8,
+                                                 hints=r // LOCAL == 1)
                 for r in range(WORLD)]
     before = stats(mnt)["source_bytes_read"]
     got = {}
@@ -95,7 +99,13 @@ def test_dataloader_workers_read_this_nodes_files_once(mount):
     # The mount read node 1's files and nothing of node 0's (small files: whole-file fetches).
     node_bytes = sum(os.path.getsize(folder.samples[i][0].replace(str(mnt), str(src), 1))
                      for i in mine)
+    # The stats file is one rendering for up to 1 s (the same one `before` saw, if the epoch
+    # was quick): wait for a fresh one.
+    deadline = time.time() + 5
     s = stats(mnt)
+    while s["source_bytes_read"] - before < node_bytes and time.time() < deadline:
+        time.sleep(0.2)
+        s = stats(mnt)
     read = s["source_bytes_read"] - before
     print(f"\nnode 1 read {read} bytes from the source for {node_bytes} bytes of its files "
           f"({n} files, {sum(os.path.getsize(p.replace(str(mnt), str(src), 1)) for p, _ in folder.samples)} bytes in all)")
