@@ -9,7 +9,7 @@ use stagefs_test_support::{test, Need};
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -304,25 +304,34 @@ fn corrupted_cache_block_is_detected_and_refetched() {
     );
 }
 
+/// A tmpfs of a given size mounted at a path (a scratch that fills up), unmounted on drop.
+struct SmallScratch(PathBuf);
+
+impl SmallScratch {
+    fn mount(at: &Path, size: &str) -> SmallScratch {
+        fs::create_dir(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        SmallScratch(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallScratch {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 fn full_scratch_still_serves_every_read() {
     let (tmp, src) = fresh();
     let data = pattern(4, 12 << 20);
     fs::write(src.join("big"), &data).unwrap();
     let scratch = tmp.path().join("scratch");
-    fs::create_dir(&scratch).unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&scratch)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(&scratch);
+    let _guard = SmallScratch::mount(&scratch, "3m");
     let mut m = Mount::with_cache(
         tmp.path(),
         &src,
@@ -351,20 +360,7 @@ fn regression_one_enospc_capped_the_cache_for_the_rest_of_the_mount() {
     fs::write(src.join("a"), &a).unwrap();
     fs::write(src.join("b"), &b).unwrap();
     let scratch = tmp.path().join("scratch");
-    fs::create_dir(&scratch).unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-        .arg(&scratch)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(&scratch);
+    let _guard = SmallScratch::mount(&scratch, "16m");
     // Someone else's 11 MB leave about 5 MB for the cache.
     fs::write(scratch.join("filler"), vec![1u8; 11 << 20]).unwrap();
     let args = ["--no-staging", "--no-passthrough", "--cache-size", "1G"];

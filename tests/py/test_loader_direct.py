@@ -5,7 +5,7 @@ nothing."""
 
 import json
 import os
-import subprocess
+import sys
 import time
 
 import numpy as np
@@ -13,13 +13,8 @@ import pytest
 
 import stagefs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("STAGEFS_BIN", os.path.join(ROOT, "target", "debug", "stagefs"))
-
-
-def stagefs_cli(*args):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"stagefs {args} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+sys.path.insert(0, os.path.dirname(__file__))
+from test_loader_mount import stagefs_cli  # noqa: E402  (the mount tests' one CLI runner)
 
 
 @pytest.fixture()
