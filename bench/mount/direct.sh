@@ -64,10 +64,15 @@ echo "columns: scratch mode round | local s | direct s (x local) | fuse s (x loc
 for s in $SCRATCHES; do
   S=$WORK/$s
   if [[ $s == ram ]]; then
+    # Room for the local copy and the cache, each the whole source, and a quarter more: a
+    # scratch sized for only the large files (rows.npy came later) left the cache no room to
+    # hold every copy, so most opens were refused as not staged.
+    src_mb=$(( $(du -sm "$WORK/src" | cut -f1) ))
+    img_mb=$(( src_mb * 5 / 2 + 256 ))
     mkdir -p "$WORK/ramfs" "$S"
-    mountpoint -q "$WORK/ramfs" || mount -t tmpfs -o size=$(( FILES * MB * 3 + 512 ))m tmpfs "$WORK/ramfs"
+    mountpoint -q "$WORK/ramfs" || mount -t tmpfs -o size=$(( img_mb + 256 ))m tmpfs "$WORK/ramfs"
     if ! mountpoint -q "$S"; then
-      truncate -s $(( FILES * MB * 3 + 256 ))M "$WORK/ramfs/scratch.img"
+      truncate -s "${img_mb}M" "$WORK/ramfs/scratch.img"
       mkfs.ext4 -q -F "$WORK/ramfs/scratch.img"
       mount -o loop "$WORK/ramfs/scratch.img" "$S"
     fi

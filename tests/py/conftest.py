@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 # Test modules that mount stagefs.
-NEEDS_FUSE = {"test_mount_views", "test_loader_mount", "test_loader_hints", "test_demo"}
+NEEDS_FUSE = {"test_mount_views", "test_loader_mount", "test_loader_hints", "test_demo",
+              "test_loader_direct", "test_direct_libraries"}
 
 
 def fuse_missing():

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The direct path's acceptance check, as a user runs it: ONE `stagefs run --mount SRC:MNT:CACHE
+# -- script` as a normal user with no other flags. The script (held_out_epochs.py) reads every
+# file under MNT/large with 8 Python threads, three times: epoch 1 from a fresh cache, then two
+# warm epochs in the same mount, the page cache dropped before each (the script asks; root drops
+# it: a normal user cannot). Then the same script over a local copy on the same scratch. Prints
+# the seconds of each epoch, the warm epochs' ratio to the local copy's, and the daemon's direct
+# counters.
+#
+#   bench/mount/held_out.sh            (as root; SCRATCH=/var/tmp/stagefs-heldout by default,
+#                                       the machine's disk: ~1 GB/s like a node's NVMe)
+# Knobs: SCRATCH, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test, FILES=8, MB=256,
+# ROUNDS=2 (mount and local alternated).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+SCRATCH=${SCRATCH:-/var/tmp/stagefs-heldout}
+STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
+BENCH_USER=${BENCH_USER:-stagefs-test}
+FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2}
+[[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, setpriv)" >&2; exit 1; }
+uid=$(id -u "$BENCH_USER")
+as_user() { setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"; }
+mkdir -p "$SCRATCH/src/large" "$SCRATCH/bin"
+chmod 755 "$SCRATCH" "$SCRATCH/src" "$SCRATCH/src/large" "$SCRATCH/bin"
+for i in $(seq 0 $((FILES - 1))); do
+  [[ -s "$SCRATCH/src/large/f$i.bin" ]] || head -c "${MB}M" /dev/urandom >"$SCRATCH/src/large/f$i.bin"
+done
+chmod 644 "$SCRATCH"/src/large/*
+install -m 755 "$STAGEFS" "$SCRATCH/bin/stagefs"
+install -m 755 "$(dirname "$STAGEFS")/libstagefs_direct.so" "$SCRATCH/bin/"
+install -m 644 "$HERE/held_out_epochs.py" "$SCRATCH/bin/"
+U=$SCRATCH/user
+mkdir -p "$U" && chown "$uid:$uid" "$U" && chmod 700 "$U"
+# Drops the page cache whenever the script asks (it creates $U/drop and waits for it to go).
+dropper() {
+  while :; do
+    if [[ -e $U/drop ]]; then sync; echo 3 >/proc/sys/vm/drop_caches; rm -f "$U/drop"; fi
+    sleep 0.05
+  done
+}
+dropper & dpid=$!
+trap 'kill $dpid 2>/dev/null; fusermount3 -uz "$U/mnt" 2>/dev/null || true' EXIT
+echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; scratch: $SCRATCH ($(df --output=source "$SCRATCH" | tail -1)); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$ROUNDS"); do
+  as_user rm -rf "$U/cache" "$U/mnt" "$U/local"
+  as_user mkdir -p "$U/mnt"
+  m=$(as_user "$SCRATCH/bin/stagefs" run --mount "$SCRATCH/src:$U/mnt:$U/cache" -- \
+    python3 "$SCRATCH/bin/held_out_epochs.py" "$U/mnt/large" "$U/drop" "$U/mnt")
+  as_user cp -r "$SCRATCH/src" "$U/local"
+  l=$(as_user python3 "$SCRATCH/bin/held_out_epochs.py" "$U/local/large" "$U/drop")
+  python3 - "$r" "$m" "$l" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
+import json, sys
+r, m, l, load = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+gb = m["bytes"] / 1e9
+for k, (a, b) in enumerate(zip(m["epochs"], l["epochs"]), 1):
+    print(f"round {r} epoch {k}: mount {a['secs']:.2f} s, local {b['secs']:.2f} s "
+          f"(mount x local {b['secs'] / a['secs']:.2f}) | CPU-s/GB mount {(a['cpu'] + a['daemon_cpu']) / gb:.2f} "
+          f"(daemon {a['daemon_cpu'] / gb:.2f}), local {b['cpu'] / gb:.2f} | direct opens "
+          f"{a.get('direct_opens')} refused {a.get('direct_refused')}")
+print(f"round {r} load at end {load}")
+PY
+  as_user rm -rf "$U/local" "$U/cache"
+done
