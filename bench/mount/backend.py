@@ -11,6 +11,9 @@ side alike), for each dataset:
                  dropped, then epoch 1 timed from the mount command to its last byte (mount +
                  listing + reads), LATER epochs on the same mount (caches dropped before each),
                  and one without dropping caches;
+  direct (D)     the unprivileged mount again, its epochs run as `stagefs run` runs a job's
+                 programs: libstagefs_direct.so in LD_PRELOAD, so opens of staged, verified
+                 large files get direct descriptors of the cache's copies (docs/direct.md);
   root (C)       the same mounted by root (kernel passthrough for staged files): secondary line.
 With --compute, every epoch of every side feeds a training step that takes as long per MB as
 a local epoch of that reader reads it (measured first in each round by one local epoch without
@@ -67,6 +70,14 @@ def probe(device: str, streams: int, total: int) -> dict:
     return {"bytes": sum(done), "secs": secs, "mbps": sum(done) / secs / 1e6}
 
 
+def preload_env(stagefs: str, mnt: str, socket: str) -> dict:
+    """The environment `stagefs run` gives its command: the direct-read library (next to the
+    binary) in LD_PRELOAD, and the mount with its control socket."""
+    lib = os.path.join(os.path.dirname(stagefs), "libstagefs_direct.so")
+    return {**os.environ, "LD_PRELOAD": lib,
+            "STAGEFS_DIRECT_MOUNTS": f"{os.path.realpath(mnt)}={socket}"}
+
+
 def rate(ep: dict, secs: float) -> dict:
     return {"secs": secs, "bytes": ep["bytes"], "files": ep["files"],
             "mbps": ep["bytes"] / secs / 1e6, "files_s": ep["files"] / secs,
@@ -79,6 +90,7 @@ class Backend:
         self.res = Results(a.out, "backend")
         self.user = Who("user", a.user)
         self.root = Who("root", a.user)
+        self.direct = Who("direct", a.user)
         self.readers = a.readers.split(",")
         self.datasets = a.datasets.split(",")
         self.compute = {}  # (dataset, reader) -> the training step's seconds per MB
@@ -148,6 +160,8 @@ class Backend:
             drop_caches()
             load = self.res.begin()
             mount_s = m.mount(src, cache, ["--cache-size", self.a.cache_size])
+            if who.name == "direct":
+                who.env = preload_env(self.a.stagefs, self.a.mnt, m.stats()["hint_socket"])
             ep = who.epoch(self.a.mnt, reader, seed=1, drop=False, compute=compute)
             before = {}
             st = m.stats()
@@ -182,7 +196,7 @@ class Backend:
             for ds in self.datasets:
                 if "seed" in sides:
                     self.run_pass(f"{ds} seed", self.seed, ds)
-                for who in (self.user, self.root):
+                for who in (self.user, self.direct, self.root):
                     if who.name in sides:
                         for reader in self.readers:
                             self.run_pass(f"{ds} {who.name} {reader}", self.stagefs, ds, reader,

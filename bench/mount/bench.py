@@ -64,7 +64,7 @@ def main() -> None:
     b.add_argument("--device", required=True, help="the slow block device file (probe)")
     b.add_argument("--datasets", default="small,large")
     b.add_argument("--readers", default="shuf8,seq")
-    b.add_argument("--sides", default="seed,user,root")
+    b.add_argument("--sides", default="seed,user,direct,root")
     b.add_argument("--later", type=int, default=3, help="epochs measured after epoch 1")
     b.add_argument("--compute", action="store_true",
                    help="every epoch feeds a training step as slow as a local read (backend.py)")

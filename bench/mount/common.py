@@ -48,7 +48,8 @@ class Who:
 
     def __init__(self, name: str, user: str) -> None:
         self.name = name
-        if name == "user":
+        self.env = None  # the environment of its epochs (the `direct` side's preload library)
+        if name in ("user", "direct"):
             pw = pwd.getpwnam(user)
             self.uid, self.gid = pw.pw_uid, pw.pw_gid
             self.prefix = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
@@ -87,7 +88,7 @@ class Who:
             drop_caches()
         r = self.run([sys.executable, READER, "epoch", root, "--reader", reader,
                       "--seed", str(seed), "--threads", str(THREADS),
-                      "--compute-s-per-mb", str(compute)])
+                      "--compute-s-per-mb", str(compute)], env=self.env)
         return json.loads(r.stdout)
 
 

@@ -65,7 +65,7 @@ def backend_report(recs: list) -> list:
                "requests | stall s | passthrough MB | load start→end |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     order = {"rsync": 0, "local": 1, "local-nodrop": 2, "epoch1": 3, "later": 4, "nodrop": 5}
-    side_order = {"seed": 0, "user": 1, "root": 2}
+    side_order = {"seed": 0, "user": 1, "direct": 2, "root": 3}
     rows = {}
     for r in recs:
         if r["mode"] in order:
@@ -100,12 +100,14 @@ def backend_report(recs: list) -> list:
                 and r["side"] == side and (r["file"], r["round"]) == k
                 and (reader is None or r.get("reader") == reader)]
 
-    sides = [s for s in ("user", "root") if any(r.get("side") == s for r in recs)]
+    sides = [s for s in ("user", "direct", "root") if any(r.get("side") == s for r in recs)]
+    names = {"user": "unprivileged mount", "direct": "unprivileged mount + direct reads",
+             "root": "root mount"}
     totals = []
     for ds in datasets:
         for reader in readers:
             for side in sides:
-                tag = f"{ds} {reader}, {'unprivileged' if side == 'user' else 'root'} mount"
+                tag = f"{ds} {reader}, {names[side]}"
                 e1, later, nodrop, job = [], [], [], []
                 for k in rounds:
                     s_e1 = get(ds, reader, side, "epoch1", k)

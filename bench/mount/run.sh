@@ -37,9 +37,11 @@
 # RATE_MBS=200, DELAY_MS=2, LARGE_FILES=8, LARGE_MB=256, SMALL_FILES=20000, SMALL_CLASSES=100,
 # SMALL_KB=100, LATER=3 (epochs measured after epoch 1), READERS=shuf8,seq, COMPUTE=1 (every
 # epoch feeds a training step as slow per MB as a local read: how much of the I/O it hides),
-# DATASETS=small,large, SIDES=seed,user,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
+# DATASETS=small,large, SIDES=seed,user,direct,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
 # SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
-# run), HINT_IMAGES=4000, HINT_RAW_MB=1024, CACHE_SIZE=8G (the mounts' --cache-size), SCRATCH_FS=ext4|tmpfs, SCRATCH_SIZE=9g.
+# run), HINT_IMAGES=4000, HINT_RAW_MB=1024, CACHE_SIZE=8G (the mounts' --cache-size),
+# SCRATCH_FS=ext4|disk|tmpfs (disk: a directory on the machine's own disk, ~1 GB/s like a
+# node's NVMe), SCRATCH_SIZE=9g.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -78,7 +80,11 @@ SOCK=$WORK/nbdkit.sock
 NBD=$WORK/nbd          # nbdfuse mountpoint; the device is the file $NBD/disk
 BIGDATA=$WORK/bigdata  # the slow filesystem (ext4, read-only)
 # rsync targets and stagefs caches: $SCRATCH/user (0700, BENCH_USER), /root
-if [ "$SCRATCH_FS" = ext4 ]; then SCRATCH=$WORK/scratch; else SCRATCH=$RAM/scratch; fi
+case $SCRATCH_FS in
+  ext4) SCRATCH=$WORK/scratch ;;
+  disk) SCRATCH=$WORK/scratch-disk ;;  # the machine's own disk, as a node's NVMe (~1 GB/s)
+  *) SCRATCH=$RAM/scratch ;;
+esac
 MNT=$WORK/mnt          # the stagefs mountpoint (owned by BENCH_USER)
 BIN=$WORK/bin          # copies of the scripts and binary, readable by BENCH_USER wherever the
                        # checkout lives
@@ -144,6 +150,8 @@ mkdir -p "$WORK" "$NBD" "$BIGDATA" "$RAM" "$MNT" "$RESULTS" "$BIN"
 chmod 0755 "$WORK" "$BIN"
 chown "$BENCH_USER:" "$MNT" && chmod 0755 "$MNT"
 install -m 0755 "$STAGEFS_SRC" "$BIN/stagefs"
+# The direct side preloads it, from next to the binary as `stagefs run` does.
+install -m 0755 "$(dirname "$STAGEFS_SRC")/libstagefs_direct.so" "$BIN/"
 install -m 0644 "$HERE"/*.py "$BIN/"
 COMMIT=$(git -C "$REPO" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
 export BENCH_COMMIT="$COMMIT (binary $(stat -c %y "$STAGEFS_SRC" | cut -d. -f1))"
@@ -159,12 +167,17 @@ case $SCRATCH_FS in
     log "scratch: ext4 on $(findmnt -n -o SOURCE "$SCRATCH") over $RAM/scratch.img ($SCRATCH_SIZE, RAM)"
     ;;
   tmpfs) log "scratch: the tmpfs $RAM (drop_caches cannot empty it)" ;;
-  *) die "SCRATCH_FS must be ext4 or tmpfs" ;;
+  disk)
+    mkdir -p "$SCRATCH"
+    log "scratch: $SCRATCH on the machine's disk ($(findmnt -n -o SOURCE --target "$SCRATCH"))"
+    ;;
+  *) die "SCRATCH_FS must be ext4, disk or tmpfs" ;;
 esac
 export BENCH_SCRATCH="$SCRATCH_FS"
 rm -rf "$SCRATCH"/*
-mkdir -p "$SCRATCH/user" "$SCRATCH/root"
-chown "$BENCH_USER:" "$SCRATCH/user" && chmod 0700 "$SCRATCH/user" "$SCRATCH/root"
+mkdir -p "$SCRATCH/user" "$SCRATCH/direct" "$SCRATCH/root"
+chown "$BENCH_USER:" "$SCRATCH/user" "$SCRATCH/direct"
+chmod 0700 "$SCRATCH/user" "$SCRATCH/direct" "$SCRATCH/root"
 chmod 0755 "$SCRATCH"
 
 stamp=$(date +%Y%m%d-%H%M%S)
@@ -209,7 +222,7 @@ backend_up() {
 part_backend() {
   "$PY" "$BIN/bench.py" backend "${common[@]}" --bigdata "$BIGDATA" --device "$NBD/disk" \
     --rounds "$ROUNDS" --later "${LATER:-3}" --readers "${READERS:-shuf8,seq}" \
-    --datasets "${DATASETS:-small,large}" --sides "${SIDES:-seed,user,root}" \
+    --datasets "${DATASETS:-small,large}" --sides "${SIDES:-seed,user,direct,root}" \
     --params "$PARAMS rate=${RATE_MBS}MB/s delay=${DELAY_MS}ms${COMPUTE:+ compute}" \
     ${COMPUTE:+--compute} ||
     log "part 1 ended with an error (partial results in $out)"
