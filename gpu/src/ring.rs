@@ -11,7 +11,10 @@
 //! the loader), makes the copy stream wait until the consumer released the slot's device
 //! buffer, enqueues the host→device copy and records the copy-done event. [`Run::next`] reorders
 //! finished jobs by number and hands them out in order; the consumer gives a slot back with
-//! [`Ring::give_back`] (recording the consumed event the next copy into it waits for).
+//! [`Ring::give_back`] (recording the consumed event the next copy into it waits for). A
+//! consumer that holds all K slots and asks for another gets [`StreamError::RingHeld`] instead
+//! of a hang. Time inside [`Fill::fill`] counts as storage time in the stats, time waiting for
+//! a job or for a slot's previous copy as ring-full time.
 //!
 //! Channels and why each has its size:
 //! - free slots, capacity K: it holds every index at once, so giving a slot back never blocks
