@@ -63,6 +63,7 @@ mod host;
 pub mod loader;
 pub mod partition;
 pub mod plan;
+mod ring;
 mod source;
 mod stats;
 mod streamer;

@@ -28,13 +28,10 @@
 //! sources read in a scattered order are held in memory ([`SMALL_ROW`], [`RESIDENT_BYTES`]).
 //! The measurements are in docs/loader.md#reference (`gpu/examples/read_methods.rs`).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
 use stagefs_npy::DType;
 
 use crate::augment::{Geometry, Scratch, Table, Transform};
@@ -43,8 +40,9 @@ use crate::error::StreamError;
 use crate::hints::Hinter;
 use crate::partition::{node_epoch_order, NodeLayout, Segment};
 use crate::plan::shuffle;
+use crate::ring::{Fill, Ring, Run, Watch};
 use crate::source::Source;
-use crate::stats::{add_since, Counters, Stats};
+use crate::stats::{add_since, Stats};
 use crate::streamer::MAX_BATCH_BYTES;
 
 /// Each source's part of a slot starts at a multiple of this many bytes: DLPack asks for
@@ -247,19 +245,9 @@ struct OutRow {
     shape: Vec<u64>,
 }
 
-/// One slot of the ring: a host buffer, its device twin, and the two events ordering them.
-struct Slot<D: Device> {
-    host: Mutex<D::HostBuffer>,
-    /// The host buffer's address, stable for its life (for consumers that read it in place).
-    host_ptr: usize,
-    device: D::DeviceBuffer,
-    copied: D::Event,
-    consumed: D::Event,
-}
-
-/// What the loader's threads, its epochs and the batches in the consumer's hands share.
-struct Ring<D: Device> {
-    device: Arc<D>,
+/// What the loader, its epochs' threads and the batches in the consumer's hands share.
+struct Shared<D: Device> {
+    ring: Ring<D>,
     sources: Vec<Source>,
     /// Offset of each source's part in a slot.
     offsets: Vec<usize>,
@@ -274,45 +262,31 @@ struct Ring<D: Device> {
     /// lives as long as the sources that read them: batches may outlive the loader), and why
     /// the other files have none.
     direct: crate::direct::DirectReads,
-    slots: Vec<Slot<D>>,
-    free_tx: Sender<usize>,
-    free_rx: Receiver<usize>,
-    /// Slots in the consumer's hands.
-    held: AtomicUsize,
     /// Whether an epoch is running (only one may: two would compete for slots).
     running: AtomicBool,
-    counters: Counters,
     /// Nanoseconds spent in finished epochs, and when the running one started.
     busy_ns: AtomicU64,
     epoch_start: Mutex<Option<Instant>>,
 }
 
-impl<D: Device> Ring<D> {
-    fn release(&self, slot: usize) {
-        // Cannot fail while the ring lives: it holds the receiver, and the channel has room for
-        // every slot.
-        let _ = self.free_tx.send(slot);
-    }
-}
-
-impl<D: Device> Drop for Ring<D> {
-    fn drop(&mut self) {
-        // Copies may still be in flight into buffers that are about to be freed, and a
-        // consumer's work on its own stream may still read them (its release recorded there).
-        if let Err(e) = self.device.synchronize() {
-            tracing::warn!("device synchronize at loader end failed: {e}");
-        }
-        for slot in &self.slots {
-            if let Err(e) = self.device.event_synchronize(&slot.consumed) {
-                tracing::warn!("waiting for the consumer at loader end failed: {e}");
-            }
+impl<D: Device> Shared<D> {
+    /// Adds the running epoch's time to the busy time, once.
+    fn end_epoch(&self) {
+        if let Some(start) = self
+            .epoch_start
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            self.busy_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 }
 
 /// Aligned rows of several `.npy` files, batch by batch, through a ring of K slots.
 pub struct Loader<D: Device> {
-    ring: Arc<Ring<D>>,
+    shared: Arc<Shared<D>>,
     config: LoaderConfig,
     rows: u64,
     readers: usize,
@@ -423,22 +397,7 @@ impl<D: Device> Loader<D> {
         }
         let slot_bytes = usize::try_from(end)
             .map_err(|_| StreamError::Config("batch too large for this platform".into()))?;
-        let mut slots = Vec::with_capacity(config.ring);
-        for _ in 0..config.ring {
-            let mut host = device.alloc_host(slot_bytes)?;
-            let host_ptr = host.as_mut().as_mut_ptr() as usize;
-            slots.push(Slot {
-                host: Mutex::new(host),
-                host_ptr,
-                device: device.alloc_device(slot_bytes)?,
-                copied: device.new_event()?,
-                consumed: device.new_event()?,
-            });
-        }
-        let (free_tx, free_rx) = bounded(config.ring);
-        for slot in 0..config.ring {
-            let _ = free_tx.send(slot);
-        }
+        let ring = Ring::new(device, config.ring, slot_bytes, "loader")?;
         let readers = config.readers.clamp(1, config.ring);
         let all: Vec<usize> = (0..sources.len()).collect();
         let direct = if config.direct {
@@ -459,20 +418,15 @@ impl<D: Device> Loader<D> {
             .flatten()
             .map(Arc::new);
         Ok(Loader {
-            ring: Arc::new(Ring {
-                device,
+            shared: Arc::new(Shared {
+                ring,
                 sources,
                 offsets,
                 out_rows,
                 transform,
                 resident,
                 direct,
-                slots,
-                free_tx,
-                free_rx,
-                held: AtomicUsize::new(0),
                 running: AtomicBool::new(false),
-                counters: Counters::default(),
                 busy_ns: AtomicU64::new(0),
                 epoch_start: Mutex::new(None),
             }),
@@ -487,7 +441,7 @@ impl<D: Device> Loader<D> {
     /// Per file: its path and `None` if it is read through a direct descriptor, else why not
     /// (empty with `direct` off).
     pub fn direct_status(&self) -> &[(std::path::PathBuf, Option<String>)] {
-        self.ring.direct.status()
+        self.shared.direct.status()
     }
 
     /// Rows in each source.
@@ -539,12 +493,12 @@ impl<D: Device> Loader<D> {
 
     /// The sources, in the order given.
     pub fn sources(&self) -> &[Source] {
-        &self.ring.sources
+        &self.shared.sources
     }
 
     /// The device batches land on.
     pub fn device(&self) -> &Arc<D> {
-        &self.ring.device
+        &self.shared.ring.device
     }
 
     /// Bytes of one slot (host and device memory are K slots each).
@@ -595,16 +549,16 @@ impl<D: Device> Loader<D> {
 
     /// Counters over all epochs so far; `elapsed` is the time spent inside epochs.
     pub fn stats(&self) -> Stats {
-        let ring = &self.ring;
-        let mut busy = Duration::from_nanos(ring.busy_ns.load(Ordering::Relaxed));
-        if let Some(start) = *ring
+        let shared = &self.shared;
+        let mut busy = Duration::from_nanos(shared.busy_ns.load(Ordering::Relaxed));
+        if let Some(start) = *shared
             .epoch_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
         {
             busy += start.elapsed();
         }
-        Stats::from_counters(&ring.counters, busy, self.readers)
+        Stats::from_counters(&shared.ring.counters, busy, self.readers)
     }
 
     /// Starts epoch `epoch`: reading begins at once. Only one epoch runs at a time; drop the
@@ -626,54 +580,38 @@ impl<D: Device> Loader<D> {
 
     /// Starts an epoch that visits `order`.
     fn epoch_with(&self, epoch: u64, order: Vec<u64>) -> Result<Epoch<D>, StreamError> {
-        if self.ring.running.swap(true, Ordering::AcqRel) {
+        let shared = &self.shared;
+        if shared.running.swap(true, Ordering::AcqRel) {
             return Err(StreamError::Config(
                 "another epoch of this loader is still running; finish or drop it first".into(),
             ));
         }
-        *self
-            .ring
+        *shared
             .epoch_start
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         let batches = self.batches_of(order.len() as u64);
         let order: Arc<[u64]> = order.into();
         let batch_size = self.config.batch_size;
-        let seed = self.config.seed;
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (stop_tx, stop_rx) = bounded::<()>(0);
-        let (job_tx, job_rx) = bounded::<Job>(self.config.ring);
-        let (msg_tx, msg_rx) = unbounded::<Msg>();
-        let dispatched = Arc::new(AtomicU64::new(0));
-        let mut epoch_state = Epoch {
-            ring: self.ring.clone(),
+        let fill = Arc::new(EpochFill {
+            shared: shared.clone(),
             order: order.clone(),
             batch_size,
-            batches,
+            seed: self.config.seed,
             epoch,
-            cancel: cancel.clone(),
-            stop_tx: Some(stop_tx),
-            job_rx: job_rx.clone(),
-            rx: msg_rx,
-            pending: BTreeMap::new(),
-            next_seq: 0,
-            finished: false,
-            threads: Vec::with_capacity(self.readers + 1),
-        };
-        let spawn_err = |e: std::io::Error| StreamError::Io {
-            path: "<thread>".into(),
-            source: e,
+        });
+        let mut epoch_state = Epoch {
+            run: Run::new(fill, batches),
         };
         // Hints first, so the first window reaches the daemon ahead of the readers; direct
         // files (not held in memory) get the kernel's read-ahead advised in the same window.
-        let advised: Vec<(Arc<std::fs::File>, u64, u64)> = self
-            .ring
+        let advised: Vec<(Arc<std::fs::File>, u64, u64)> = shared
             .direct
             .files()
             .iter()
-            .filter(|(i, _)| self.ring.resident[*i].is_none())
+            .filter(|(i, _)| shared.resident[*i].is_none())
             .map(|(i, f)| {
-                let s = &self.ring.sources[*i];
+                let s = &shared.sources[*i];
                 (f.clone(), s.offset, s.row_bytes)
             })
             .collect();
@@ -695,19 +633,22 @@ impl<D: Device> Loader<D> {
         if hinter.is_some() || !advised.is_empty() {
             let hinted = hinter.iter().flat_map(|h| h.sources());
             let row_bytes: u64 = hinted
-                .map(|i| self.ring.sources[i].row_bytes)
+                .map(|i| shared.sources[i].row_bytes)
                 .chain(advised.iter().map(|a| a.2))
                 .sum();
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
-            let (order, cancel, stop_rx) = (order.clone(), cancel.clone(), stop_rx.clone());
-            let dispatched = dispatched.clone();
+            let Watch {
+                dispatched,
+                cancel,
+                stop,
+            } = epoch_state.run.watch();
             let spawned = std::thread::Builder::new()
                 .name("stagefs-load-hints".into())
                 .spawn(move || {
                     for seq in 0..batches {
                         // Hints run `ahead` batches beyond the last one handed to a reader.
                         while seq >= dispatched.load(Ordering::Relaxed) + ahead {
-                            match stop_rx.recv_timeout(Duration::from_millis(2)) {
+                            match stop.recv_timeout(Duration::from_millis(2)) {
                                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                                 _ => return,
                             }
@@ -728,144 +669,57 @@ impl<D: Device> Loader<D> {
                 });
             // No thread for hints: the epoch runs without them.
             if let Ok(t) = spawned {
-                epoch_state.threads.push(t);
+                epoch_state.run.adopt(t);
             }
         }
-        {
-            let (ring, cancel, done) = (self.ring.clone(), cancel.clone(), dispatched);
-            epoch_state.threads.push(
-                std::thread::Builder::new()
-                    .name("stagefs-load-dispatch".into())
-                    .spawn(move || dispatch(&ring, batches, &cancel, &stop_rx, &job_tx, &done))
-                    .map_err(spawn_err)?,
-            );
-        }
-        for i in 0..self.readers {
-            let (ring, cancel, order) = (self.ring.clone(), cancel.clone(), order.clone());
-            let (job_rx, msg_tx) = (job_rx.clone(), msg_tx.clone());
-            epoch_state.threads.push(
-                std::thread::Builder::new()
-                    .name(format!("stagefs-load-read-{i}"))
-                    .spawn(move || {
-                        let plan = ReadPlan {
-                            order: &order,
-                            batch_size,
-                            seed,
-                            epoch,
-                        };
-                        read_loop(&ring, &plan, &cancel, &job_rx, &msg_tx)
-                    })
-                    .map_err(spawn_err)?,
-            );
-        }
+        epoch_state.run.start(self.readers, "stagefs-load")?;
         Ok(epoch_state)
     }
 }
 
-struct Job {
-    seq: u64,
-    slot: usize,
-}
-
-enum Msg {
-    Ready { seq: u64, slot: usize },
-    Failed(StreamError),
+/// What the readers of one epoch need to fill any of its batches.
+struct EpochFill<D: Device> {
+    shared: Arc<Shared<D>>,
+    order: Arc<[u64]>,
+    batch_size: u64,
+    seed: u64,
+    epoch: u64,
 }
 
 /// One pass over this rank's rows; dropping it early cancels the rest.
 pub struct Epoch<D: Device> {
-    ring: Arc<Ring<D>>,
-    order: Arc<[u64]>,
-    batch_size: u64,
-    batches: u64,
-    epoch: u64,
-    cancel: Arc<AtomicBool>,
-    /// Dropped to wake a dispatcher waiting for a free slot.
-    stop_tx: Option<Sender<()>>,
-    /// Kept to give back the slots of jobs no reader took before the end.
-    job_rx: Receiver<Job>,
-    rx: Receiver<Msg>,
-    pending: BTreeMap<u64, usize>,
-    next_seq: u64,
-    finished: bool,
-    threads: Vec<JoinHandle<()>>,
+    /// The pipeline of the epoch's batches; its fill holds the epoch's order.
+    run: Run<EpochFill<D>>,
 }
 
 impl<D: Device> Epoch<D> {
     /// Batches in this epoch.
     pub fn len(&self) -> u64 {
-        self.batches
+        self.run.len()
     }
 
     /// Whether the epoch has no batch.
     pub fn is_empty(&self) -> bool {
-        self.batches == 0
+        self.run.len() == 0
     }
 
     /// The next batch, blocking until its copy to the device has been issued; `None` at the
     /// end of the epoch. After an error the epoch is over — except [`StreamError::RingHeld`]
     /// (the consumer holds every slot), after which dropping a batch and calling again goes on.
     pub fn next_batch(&mut self) -> Option<Result<LoadedBatch<D>, StreamError>> {
-        if self.finished {
-            return None;
+        let next = self.run.next();
+        if self.run.is_finished() {
+            self.run.fill().shared.end_epoch();
         }
-        if self.next_seq == self.batches {
-            self.finish();
-            return None;
-        }
-        if self.ring.held.load(Ordering::Acquire) >= self.ring.slots.len() {
-            return Some(Err(StreamError::RingHeld {
-                ring: self.ring.slots.len(),
-            }));
-        }
-        loop {
-            if let Some(slot) = self.pending.remove(&self.next_seq) {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                return Some(Ok(self.batch(seq, slot)));
-            }
-            let waited = Instant::now();
-            let msg = self.rx.recv();
-            add_since(&self.ring.counters.consumer_wait_ns, waited);
-            match msg {
-                Ok(Msg::Ready { seq, slot }) => {
-                    self.pending.insert(seq, slot);
-                }
-                Ok(Msg::Failed(e)) => {
-                    self.finish();
-                    return Some(Err(e));
-                }
-                Err(_) => {
-                    self.finish();
-                    return Some(Err(StreamError::ReaderGone));
-                }
-            }
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        self.cancel.store(true, Ordering::Relaxed);
-        let ring = &self.ring;
-        if let Some(start) = ring
-            .epoch_start
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            ring.busy_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+        Some(next?.map(|(seq, slot)| self.batch(seq, slot)))
     }
 
     fn batch(&self, seq: u64, slot: usize) -> LoadedBatch<D> {
-        let (start, end) = batch_range(seq, self.batch_size, self.order.len());
+        let fill = self.run.fill();
+        let (start, end) = batch_range(seq, fill.batch_size, fill.order.len());
         let rows = (end - start) as u64;
-        let ring = &self.ring;
-        let parts = ring
+        let shared = &fill.shared;
+        let parts = shared
             .out_rows
             .iter()
             .enumerate()
@@ -876,7 +730,7 @@ impl<D: Device> Epoch<D> {
                 }
                 Part {
                     source: i,
-                    offset: ring.offsets[i],
+                    offset: shared.offsets[i],
                     // Fits: at most the slot's bytes for this source.
                     len: (rows * s.bytes) as usize,
                     dtype: s.dtype,
@@ -884,18 +738,13 @@ impl<D: Device> Epoch<D> {
                 }
             })
             .collect::<Vec<_>>();
-        ring.held.fetch_add(1, Ordering::AcqRel);
-        let bytes: usize = parts.iter().map(|p| p.len).sum();
-        ring.counters
-            .bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-        ring.counters.batches.fetch_add(1, Ordering::Relaxed);
+        shared.ring.hold(parts.iter().map(|p| p.len).sum());
         LoadedBatch {
-            ring: ring.clone(),
+            shared: shared.clone(),
             slot,
             seq,
-            epoch: self.epoch,
-            rows: self.order[start..end].to_vec(),
+            epoch: fill.epoch,
+            rows: fill.order[start..end].to_vec(),
             parts,
             consumed_recorded: false,
         }
@@ -911,26 +760,12 @@ impl<D: Device> Iterator for Epoch<D> {
 
 impl<D: Device> Drop for Epoch<D> {
     fn drop(&mut self) {
-        self.finish();
-        // Wakes a dispatcher waiting for a free slot; it then drops the job sender, which ends
-        // the readers once they have given back the slots of the jobs left.
-        self.stop_tx = None;
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        let ring = &self.ring;
-        for job in self.job_rx.try_iter() {
-            ring.release(job.slot);
-        }
-        for msg in self.rx.try_iter() {
-            if let Msg::Ready { slot, .. } = msg {
-                ring.release(slot);
-            }
-        }
-        for (_, slot) in std::mem::take(&mut self.pending) {
-            ring.release(slot);
-        }
-        ring.running.store(false, Ordering::Release);
+        let shared = self.run.fill().shared.clone();
+        self.run.finish();
+        shared.end_epoch();
+        // The slots the epoch held come back before the next epoch may start.
+        self.run.stop();
+        shared.running.store(false, Ordering::Release);
     }
 }
 
@@ -941,172 +776,84 @@ fn batch_range(seq: u64, batch_size: u64, len: usize) -> (usize, usize) {
     (start, end)
 }
 
-fn dispatch<D: Device>(
-    ring: &Ring<D>,
-    batches: u64,
-    cancel: &AtomicBool,
-    stop_rx: &Receiver<()>,
-    job_tx: &Sender<Job>,
-    dispatched: &AtomicU64,
-) {
-    for seq in 0..batches {
-        let slot = select! {
-            recv(ring.free_rx) -> slot => match slot { Ok(s) => s, Err(_) => return },
-            recv(stop_rx) -> _ => return,
-        };
-        if cancel.load(Ordering::Relaxed) {
-            ring.release(slot);
-            return;
-        }
-        if let Err(e) = job_tx.send(Job { seq, slot }) {
-            ring.release(e.into_inner().slot);
-            return;
-        }
-        dispatched.store(seq + 1, Ordering::Relaxed);
+impl<D: Device> Fill for EpochFill<D> {
+    type Device = D;
+    type Scratch = Scratch;
+
+    fn ring(&self) -> &Ring<D> {
+        &self.shared.ring
     }
-}
 
-/// What the readers of one epoch need to know to fill any of its batches.
-struct ReadPlan<'a> {
-    order: &'a [u64],
-    batch_size: u64,
-    seed: u64,
-    epoch: u64,
-}
-
-fn read_loop<D: Device>(
-    ring: &Ring<D>,
-    plan: &ReadPlan<'_>,
-    cancel: &AtomicBool,
-    job_rx: &Receiver<Job>,
-    msg_tx: &Sender<Msg>,
-) {
-    let mut scratch = Scratch::new();
-    loop {
-        // A reader without a job waits for the consumer to give a slot back.
-        let waited = Instant::now();
-        let job = job_rx.recv();
-        add_since(&ring.counters.ring_wait_ns, waited);
-        let Ok(job) = job else { return };
-        if cancel.load(Ordering::Relaxed) {
-            ring.release(job.slot);
-            continue;
-        }
-        match fill(ring, plan, &job, &mut scratch) {
-            Ok(()) => {
-                let ready = Msg::Ready {
-                    seq: job.seq,
-                    slot: job.slot,
-                };
-                if msg_tx.send(ready).is_err() {
-                    ring.release(job.slot);
+    /// Reads one batch of every source into the slot's host buffer, each at its part's offset.
+    fn fill(&self, seq: u64, buf: &mut [u8], scratch: &mut Scratch) -> Result<usize, StreamError> {
+        let shared = &self.shared;
+        let (start, end) = batch_range(seq, self.batch_size, self.order.len());
+        let rows = &self.order[start..end];
+        let mut used = 0;
+        for (i, ((source, &offset), resident)) in shared
+            .sources
+            .iter()
+            .zip(&shared.offsets)
+            .zip(&shared.resident)
+            .enumerate()
+        {
+            // Fits: the slot was sized for a full batch of every source.
+            let row_bytes = source.row_bytes as usize;
+            if let (0, Some((transform, geom, table))) = (i, &shared.transform) {
+                let out_bytes = shared.out_rows[0].bytes as usize;
+                // The raw row is read into a buffer of the reader's own, kept across batches (a
+                // row's size was checked against the file when the source was opened).
+                let mut raw_buf = std::mem::take(&mut scratch.raw);
+                if resident.is_none() && raw_buf.len() < row_bytes {
+                    raw_buf
+                        .try_reserve_exact(row_bytes - raw_buf.len())
+                        .map_err(|e| StreamError::Config(format!("cannot hold one row: {e}")))?;
+                    raw_buf.resize(row_bytes, 0);
                 }
+                for (k, &row) in rows.iter().enumerate() {
+                    let raw: &[u8] = if let Some(data) = &resident {
+                        // Inside: the row is one of the source's.
+                        &data[row as usize * row_bytes..(row as usize + 1) * row_bytes]
+                    } else {
+                        source.read_rows(&mut raw_buf[..row_bytes], row)?;
+                        &raw_buf[..row_bytes]
+                    };
+                    let window = transform.crop_box(self.seed, self.epoch, row, *geom);
+                    let dst = &mut buf[offset + k * out_bytes..offset + (k + 1) * out_bytes];
+                    transform.apply(raw, *geom, &window, scratch, table, dst)?;
+                }
+                scratch.raw = raw_buf;
+                used = offset + rows.len() * out_bytes;
+                continue;
             }
-            Err(e) => {
-                cancel.store(true, Ordering::Relaxed);
-                ring.release(job.slot);
-                let _ = msg_tx.send(Msg::Failed(e));
-            }
-        }
-    }
-}
-
-/// Reads one batch of every source into its slot's host buffer and enqueues the device copy.
-fn fill<D: Device>(
-    ring: &Ring<D>,
-    plan: &ReadPlan<'_>,
-    job: &Job,
-    scratch: &mut Scratch,
-) -> Result<(), StreamError> {
-    let slot = &ring.slots[job.slot];
-    let (start, end) = batch_range(job.seq, plan.batch_size, plan.order.len());
-    let rows = &plan.order[start..end];
-    let device = &ring.device;
-    // The host buffer may still be the source of this slot's previous copy.
-    let waited = Instant::now();
-    let synced = device.event_synchronize(&slot.copied);
-    add_since(&ring.counters.ring_wait_ns, waited);
-    synced?;
-    let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
-    let buf = host.as_mut();
-    let mut used = 0;
-    let read = Instant::now();
-    for (i, ((source, &offset), resident)) in ring
-        .sources
-        .iter()
-        .zip(&ring.offsets)
-        .zip(&ring.resident)
-        .enumerate()
-    {
-        // Fits: the slot was sized for a full batch of every source.
-        let row_bytes = source.row_bytes as usize;
-        if let (0, Some((transform, geom, table))) = (i, &ring.transform) {
-            let out_bytes = ring.out_rows[0].bytes as usize;
-            // The raw row is read into a buffer of the reader's own, kept across batches (a
-            // row's size was checked against the file when the source was opened).
-            let mut raw_buf = std::mem::take(&mut scratch.raw);
-            if resident.is_none() && raw_buf.len() < row_bytes {
-                raw_buf
-                    .try_reserve_exact(row_bytes - raw_buf.len())
-                    .map_err(|e| StreamError::Config(format!("cannot hold one row: {e}")))?;
-                raw_buf.resize(row_bytes, 0);
-            }
-            for (k, &row) in rows.iter().enumerate() {
-                let raw: &[u8] = if let Some(data) = &resident {
-                    // Inside: the row is one of the source's.
-                    &data[row as usize * row_bytes..(row as usize + 1) * row_bytes]
+            let mut k = 0;
+            while k < rows.len() {
+                // One read per run of consecutive rows: a whole batch when not shuffled.
+                let first = rows[k];
+                let mut n = 1;
+                while k + n < rows.len() && rows[k + n] == first + n as u64 {
+                    n += 1;
+                }
+                let dst = &mut buf[offset + k * row_bytes..offset + (k + n) * row_bytes];
+                if let Some(data) = &resident {
+                    // Inside: `first + n` rows of the source fit in its data.
+                    let start = first as usize * row_bytes;
+                    dst.copy_from_slice(&data[start..start + n * row_bytes]);
                 } else {
-                    if let Err(e) = source.read_rows(&mut raw_buf[..row_bytes], row) {
-                        add_since(&ring.counters.storage_ns, read);
-                        return Err(e);
-                    }
-                    &raw_buf[..row_bytes]
-                };
-                let window = transform.crop_box(plan.seed, plan.epoch, row, *geom);
-                let dst = &mut buf[offset + k * out_bytes..offset + (k + 1) * out_bytes];
-                transform.apply(raw, *geom, &window, scratch, table, dst)?;
+                    source.read_rows(dst, first)?;
+                }
+                k += n;
             }
-            scratch.raw = raw_buf;
-            used = offset + rows.len() * out_bytes;
-            continue;
+            used = offset + rows.len() * row_bytes;
         }
-        let mut k = 0;
-        while k < rows.len() {
-            // One read per run of consecutive rows: a whole batch when not shuffled.
-            let first = rows[k];
-            let mut n = 1;
-            while k + n < rows.len() && rows[k + n] == first + n as u64 {
-                n += 1;
-            }
-            let dst = &mut buf[offset + k * row_bytes..offset + (k + n) * row_bytes];
-            if let Some(data) = &resident {
-                // Inside: `first + n` rows of the source fit in its data.
-                let start = first as usize * row_bytes;
-                dst.copy_from_slice(&data[start..start + n * row_bytes]);
-            } else if let Err(e) = source.read_rows(dst, first) {
-                add_since(&ring.counters.storage_ns, read);
-                return Err(e);
-            }
-            k += n;
-        }
-        used = offset + rows.len() * row_bytes;
+        Ok(used)
     }
-    add_since(&ring.counters.storage_ns, read);
-    // The device buffer may still be in use by the consumer's work on the slot's last batch.
-    device.stream_wait(StreamKind::Copy, &slot.consumed)?;
-    // SAFETY: the slot belongs to this job until the consumer drops the batch, which comes
-    // after `copied` (recorded next) is handed over with it; the next writer of `host` waits
-    // for `copied` above and the next copy into `device` follows this one on the copy stream.
-    // `used` is at most the slot's size.
-    unsafe { device.copy_to_device_async(&host, &slot.device, used)? };
-    device.record(&slot.copied, StreamKind::Copy)?;
-    Ok(())
 }
 
 /// A batch in the consumer's hands: one part per source, rows aligned. Dropping it gives its
 /// slot back to the ring; it keeps the ring (and so its memory) alive meanwhile.
 pub struct LoadedBatch<D: Device> {
-    ring: Arc<Ring<D>>,
+    shared: Arc<Shared<D>>,
     slot: usize,
     seq: u64,
     epoch: u64,
@@ -1138,29 +885,29 @@ impl<D: Device> LoadedBatch<D> {
 
     /// The device the batch is on.
     pub fn device(&self) -> &Arc<D> {
-        &self.ring.device
+        &self.shared.ring.device
     }
 
     /// The slot's device buffer; parts lie at their offsets once [`Self::ready_event`] completed.
     pub fn device_buffer(&self) -> &D::DeviceBuffer {
-        &self.ring.slots[self.slot].device
+        &self.shared.ring.slot(self.slot).device
     }
 
     /// Address of the slot's host buffer, where the readers wrote the batch (a [`crate::CpuDevice`]
     /// consumer reads the parts there; valid while the batch is held).
     pub fn host_ptr(&self) -> *const u8 {
-        self.ring.slots[self.slot].host_ptr as *const u8
+        self.shared.ring.slot(self.slot).host_ptr as *const u8
     }
 
     /// The event that completes when the batch's copy to the device is done.
     pub fn ready_event(&self) -> &D::Event {
-        &self.ring.slots[self.slot].copied
+        &self.shared.ring.slot(self.slot).copied
     }
 
     /// The event the next copy into this slot waits for. A consumer that used the batch on a
     /// stream of its own records it there itself and then calls [`Self::mark_consumed_recorded`].
     pub fn consumed_event(&self) -> &D::Event {
-        &self.ring.slots[self.slot].consumed
+        &self.shared.ring.slot(self.slot).consumed
     }
 
     /// Tells the batch that its consumed event was recorded on the consumer's own stream, so
@@ -1172,6 +919,7 @@ impl<D: Device> LoadedBatch<D> {
     /// Makes the device's consumer stream wait for the batch (does not block the host).
     pub fn wait_on_consumer_stream(&self) -> Result<(), StreamError> {
         Ok(self
+            .shared
             .ring
             .device
             .stream_wait(StreamKind::Consumer, self.ready_event())?)
@@ -1180,8 +928,12 @@ impl<D: Device> LoadedBatch<D> {
     /// Blocks until the batch is on the device; the time counts as the consumer waiting.
     pub fn synchronize(&self) -> Result<(), StreamError> {
         let waited = Instant::now();
-        let result = self.ring.device.event_synchronize(self.ready_event());
-        add_since(&self.ring.counters.consumer_wait_ns, waited);
+        let result = self
+            .shared
+            .ring
+            .device
+            .event_synchronize(self.ready_event());
+        add_since(&self.shared.ring.counters.consumer_wait_ns, waited);
         Ok(result?)
     }
 
@@ -1196,17 +948,8 @@ impl<D: Device> LoadedBatch<D> {
 
 impl<D: Device> Drop for LoadedBatch<D> {
     fn drop(&mut self) {
-        let ring = &self.ring;
-        if !self.consumed_recorded {
-            if let Err(e) = ring
-                .device
-                .record(&ring.slots[self.slot].consumed, StreamKind::Consumer)
-            {
-                tracing::warn!("recording the release of batch {} failed: {e}", self.seq);
-            }
-        }
-        ring.held.fetch_sub(1, Ordering::AcqRel);
-        ring.release(self.slot);
+        let record = !self.consumed_recorded;
+        self.shared.ring.give_back(self.slot, self.seq, record);
     }
 }
 

@@ -1,37 +1,28 @@
-//! The streaming pipeline: a dispatcher, reader threads and an in-order consumer over a ring of
-//! K buffer pairs (pinned host buffer + device buffer + two events).
+//! The streaming pipeline: batches of rows from files, in plan order, through a ring of K
+//! buffer pairs (pinned host buffer + device buffer + two events) into device memory.
 //!
-//! The dispatcher walks the batch plan and hands each batch a free ring slot, blocking while all
-//! K are in use (back-pressure; memory stays K × batch bytes on each side). Slots are handed out
-//! in plan order, so the batch the consumer needs next always holds a slot and the pipeline
-//! cannot deadlock however readers finish. Each reader waits until its slot's previous copy left
-//! the host buffer, fills it with one positioned read, makes the copy stream wait until the
-//! consumer released the slot's device buffer, enqueues the host→device copy and records the
-//! slot's copy-done event. The consumer reorders finished batches by sequence number and hands
-//! them out in plan order; dropping a [`Batch`] records the consumed event on the consumer
-//! stream and returns the slot to the ring.
-//!
-//! Channels: free slots (capacity K), jobs (capacity K: a job always holds a slot), results
-//! (unbounded, but never more than K messages since each holds a slot). Errors stop the readers
-//! and surface at the consumer's next call.
+//! The plan ([`crate::plan`]) cuts every source into batches and orders them per epoch; the ring
+//! pipeline ([`crate::ring`]) does the rest: a dispatcher hands each batch a free slot in plan
+//! order (back-pressure; memory stays K × batch bytes on each side), reader threads fill a slot
+//! with one positioned read of the batch's rows and enqueue its copy to the device, and
+//! [`Streamer::next_batch`] hands batches out in plan order. Dropping a [`Batch`] records the
+//! consumed event on the consumer stream and returns the slot to the ring. Errors stop the
+//! readers and surface at the consumer's next call.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use stagefs_npy::DType;
 
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
 use crate::host::HostDevice;
 use crate::plan::{plan, PlannedBatch};
+use crate::ring::{Fill, Ring, Run};
 use crate::source::{read_full, Source};
-use crate::stats::{add_since, Counters, Stats};
+use crate::stats::{add_since, Stats};
 
 /// The largest batch accepted (bytes): beyond this a single pinned buffer is more than most
 /// hosts can lock, and a smaller batch streams just as fast.
@@ -122,44 +113,33 @@ pub struct BatchMeta {
     pub shape: Vec<u64>,
 }
 
-/// One slot of the ring.
-struct Slot<D: Device> {
-    host: Mutex<D::HostBuffer>,
-    device: D::DeviceBuffer,
-    copied: D::Event,
-    consumed: D::Event,
-}
-
-struct Job {
-    planned: PlannedBatch,
-    slot: usize,
-}
-
-struct Ready {
-    planned: PlannedBatch,
-    slot: usize,
-}
-
-enum Msg {
-    Ready(Ready),
-    Failed(StreamError),
-}
-
-/// Consumer-side state: finished batches waiting for their turn.
-struct Receiving {
-    rx: Receiver<Msg>,
-    pending: BTreeMap<u64, Ready>,
-    next_seq: u64,
-    finished: bool,
-}
-
-/// Everything the threads share.
+/// What the stream's threads and its batches share: the ring, the sources and the plan.
 struct Shared<D: Device> {
-    device: Arc<D>,
+    ring: Ring<D>,
     sources: Vec<Source>,
-    slots: Vec<Slot<D>>,
-    counters: Counters,
-    cancel: AtomicBool,
+    /// Every batch of the stream, by sequence number.
+    planned: Vec<PlannedBatch>,
+}
+
+impl<D: Device> Fill for Shared<D> {
+    type Device = D;
+    type Scratch = ();
+
+    fn ring(&self) -> &Ring<D> {
+        &self.ring
+    }
+
+    /// Reads batch `seq`'s rows with one positioned read.
+    fn fill(&self, seq: u64, buf: &mut [u8], _: &mut ()) -> Result<usize, StreamError> {
+        // Inside: the run hands out only the plan's sequence numbers.
+        let planned = &self.planned[seq as usize];
+        let source = &self.sources[planned.source];
+        let rows = &planned.rows;
+        // Fits: the ring's buffers are sized for the largest batch.
+        let len = ((rows.end - rows.start) * source.row_bytes) as usize;
+        source.read_rows(&mut buf[..len], rows.start)?;
+        Ok(len)
+    }
 }
 
 /// Streams batches of rows from files into device buffers through a ring of pinned buffers.
@@ -167,16 +147,13 @@ struct Shared<D: Device> {
 /// See the crate documentation for an example.
 pub struct Streamer<D: Device> {
     shared: Arc<Shared<D>>,
-    free_tx: Option<Sender<usize>>,
-    receiving: Mutex<Receiving>,
+    /// The pipeline and the consumer's reorder state; dropping it stops the threads.
+    run: Mutex<Run<Shared<D>>>,
     total: u64,
     readers: usize,
-    ring: usize,
-    held: AtomicUsize,
     batch_bytes: usize,
     started: Instant,
     ended: Mutex<Option<Duration>>,
-    threads: Vec<JoinHandle<()>>,
 }
 
 impl<D: Device> Streamer<D> {
@@ -214,15 +191,7 @@ impl<D: Device> Streamer<D> {
             .map_err(|_| StreamError::Config("batch too large for this platform".into()))?;
         let readers = config.readers.clamp(1, config.ring);
 
-        let mut slots = Vec::with_capacity(config.ring);
-        for _ in 0..config.ring {
-            slots.push(Slot {
-                host: Mutex::new(device.alloc_host(batch_bytes)?),
-                device: device.alloc_device(batch_bytes)?,
-                copied: device.new_event()?,
-                consumed: device.new_event()?,
-            });
-        }
+        let ring = Ring::new(device, config.ring, batch_bytes, "stream")?;
         let source_rows: Vec<u64> = sources.iter().map(|s| s.rows).collect();
         let planned = plan(
             &source_rows,
@@ -231,65 +200,22 @@ impl<D: Device> Streamer<D> {
             config.shuffle_seed,
         );
         let total = planned.len() as u64;
-
         let shared = Arc::new(Shared {
-            device,
+            ring,
             sources,
-            slots,
-            counters: Counters::default(),
-            cancel: AtomicBool::new(false),
+            planned,
         });
-        let (free_tx, free_rx) = bounded::<usize>(config.ring);
-        for slot in 0..config.ring {
-            // Cannot fail: the channel holds exactly `ring` items and its receiver is alive.
-            let _ = free_tx.send(slot);
-        }
-        let (job_tx, job_rx) = bounded::<Job>(config.ring);
-        let (msg_tx, msg_rx) = unbounded::<Msg>();
-
-        let spawn_err = |e: std::io::Error| StreamError::Io {
-            path: PathBuf::from("<thread>"),
-            source: e,
-        };
-        let mut threads = Vec::with_capacity(readers + 1);
-        {
-            let shared = shared.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("stagefs-stream-dispatch".into())
-                    .spawn(move || dispatch(&shared, planned, &free_rx, &job_tx))
-                    .map_err(spawn_err)?,
-            );
-        }
-        for i in 0..readers {
-            let shared = shared.clone();
-            let job_rx = job_rx.clone();
-            let msg_tx = msg_tx.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("stagefs-stream-read-{i}"))
-                    .spawn(move || read_loop(&shared, &job_rx, &msg_tx))
-                    .map_err(spawn_err)?,
-            );
-        }
+        let mut run = Run::new(shared.clone(), total);
+        run.start(readers, "stagefs-stream")?;
 
         Ok(Streamer {
             shared,
-            free_tx: Some(free_tx),
-            receiving: Mutex::new(Receiving {
-                rx: msg_rx,
-                pending: BTreeMap::new(),
-                next_seq: 0,
-                finished: false,
-            }),
+            run: Mutex::new(run),
             total,
             readers,
-            ring: config.ring,
-            held: AtomicUsize::new(0),
             batch_bytes,
             started: Instant::now(),
             ended: Mutex::new(None),
-            threads,
         })
     }
 
@@ -310,7 +236,7 @@ impl<D: Device> Streamer<D> {
 
     /// The device the stream feeds.
     pub fn device(&self) -> &Arc<D> {
-        &self.shared.device
+        &self.shared.ring.device
     }
 
     /// The sources, in the order given.
@@ -324,47 +250,12 @@ impl<D: Device> Streamer<D> {
     /// [`StreamError::RingHeld`] (the consumer holds every ring buffer), after which dropping a
     /// batch and calling again continues.
     pub fn next_batch(&self) -> Option<Result<Batch<'_, D>, StreamError>> {
-        let mut r = self
-            .receiving
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if r.finished {
-            return None;
-        }
-        if r.next_seq == self.total {
-            r.finished = true;
+        let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = run.next();
+        if run.is_finished() {
             self.mark_end();
-            return None;
         }
-        if self.held.load(Ordering::Acquire) >= self.ring {
-            // Every slot is in the consumer's hands: waiting for the next batch would never end.
-            return Some(Err(StreamError::RingHeld { ring: self.ring }));
-        }
-        loop {
-            let next = r.next_seq;
-            if let Some(ready) = r.pending.remove(&next) {
-                r.next_seq += 1;
-                return Some(Ok(self.batch(ready)));
-            }
-            let waited = Instant::now();
-            let msg = r.rx.recv();
-            add_since(&self.shared.counters.consumer_wait_ns, waited);
-            match msg {
-                Ok(Msg::Ready(ready)) => {
-                    r.pending.insert(ready.planned.seq, ready);
-                }
-                Ok(Msg::Failed(err)) => {
-                    r.finished = true;
-                    self.mark_end();
-                    return Some(Err(err));
-                }
-                Err(_) => {
-                    r.finished = true;
-                    self.mark_end();
-                    return Some(Err(StreamError::ReaderGone));
-                }
-            }
-        }
+        Some(next?.map(|(seq, slot)| self.batch(seq, slot)))
     }
 
     /// Counters so far (final once `next_batch` returned `None`).
@@ -374,7 +265,7 @@ impl<D: Device> Streamer<D> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .unwrap_or_else(|| self.started.elapsed());
-        Stats::from_counters(&self.shared.counters, elapsed, self.readers)
+        Stats::from_counters(&self.shared.ring.counters, elapsed, self.readers)
     }
 
     fn mark_end(&self) {
@@ -384,25 +275,24 @@ impl<D: Device> Streamer<D> {
         }
     }
 
-    fn batch(&self, ready: Ready) -> Batch<'_, D> {
-        let source = &self.shared.sources[ready.planned.source];
-        let rows = ready.planned.rows.clone();
+    fn batch(&self, seq: u64, slot: usize) -> Batch<'_, D> {
+        // Inside: the run hands out only the plan's sequence numbers.
+        let planned = &self.shared.planned[seq as usize];
+        let source = &self.shared.sources[planned.source];
+        let rows = planned.rows.clone();
         let len = ((rows.end - rows.start) * source.row_bytes) as usize;
         let mut shape = vec![rows.end - rows.start];
         if source.dtype.is_some() {
             shape.extend_from_slice(&source.row_shape);
         }
-        self.held.fetch_add(1, Ordering::AcqRel);
-        let c = &self.shared.counters;
-        c.bytes.fetch_add(len as u64, Ordering::Relaxed);
-        c.batches.fetch_add(1, Ordering::Relaxed);
+        self.shared.ring.hold(len);
         Batch {
             streamer: self,
-            slot: ready.slot,
+            slot,
             meta: BatchMeta {
-                seq: ready.planned.seq,
-                epoch: ready.planned.epoch,
-                source: ready.planned.source,
+                seq: planned.seq,
+                epoch: planned.epoch,
+                source: planned.source,
                 path: source.path.clone(),
                 offset: source.offset + rows.start * source.row_bytes,
                 rows,
@@ -412,100 +302,6 @@ impl<D: Device> Streamer<D> {
             },
         }
     }
-}
-
-impl<D: Device> Drop for Streamer<D> {
-    fn drop(&mut self) {
-        self.shared.cancel.store(true, Ordering::Relaxed);
-        // Dropping the last free-slot sender wakes a dispatcher blocked on a full ring; it then
-        // drops the job sender, which ends the readers.
-        self.free_tx = None;
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        // Copies may still be in flight into ring buffers that are about to be freed.
-        if let Err(e) = self.shared.device.synchronize() {
-            tracing::warn!("device synchronize at stream end failed: {e}");
-        }
-    }
-}
-
-fn dispatch<D: Device>(
-    shared: &Shared<D>,
-    planned: Vec<PlannedBatch>,
-    free_rx: &Receiver<usize>,
-    job_tx: &Sender<Job>,
-) {
-    for p in planned {
-        if shared.cancel.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(slot) = free_rx.recv() else { return };
-        if shared.cancel.load(Ordering::Relaxed) || job_tx.send(Job { planned: p, slot }).is_err() {
-            return;
-        }
-    }
-}
-
-fn read_loop<D: Device>(shared: &Shared<D>, job_rx: &Receiver<Job>, msg_tx: &Sender<Msg>) {
-    loop {
-        // A reader without a job is waiting for the consumer to release a ring slot: the
-        // dispatcher hands out jobs as soon as slots are free.
-        let waited = Instant::now();
-        let job = job_rx.recv();
-        add_since(&shared.counters.ring_wait_ns, waited);
-        let Ok(job) = job else { return };
-        if shared.cancel.load(Ordering::Relaxed) {
-            return;
-        }
-        match fill(shared, &job) {
-            Ok(()) => {
-                if msg_tx
-                    .send(Msg::Ready(Ready {
-                        planned: job.planned,
-                        slot: job.slot,
-                    }))
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            Err(e) => {
-                shared.cancel.store(true, Ordering::Relaxed);
-                let _ = msg_tx.send(Msg::Failed(e));
-                return;
-            }
-        }
-    }
-}
-
-/// Reads one batch into its slot's host buffer and enqueues the copy to the device.
-fn fill<D: Device>(shared: &Shared<D>, job: &Job) -> Result<(), StreamError> {
-    let slot = &shared.slots[job.slot];
-    let source = &shared.sources[job.planned.source];
-    let rows = &job.planned.rows;
-    let len = ((rows.end - rows.start) * source.row_bytes) as usize;
-    let device = &shared.device;
-    // The host buffer may still be the source of this slot's previous copy: the slot is not
-    // free until that copy is done, so this counts as waiting for a free buffer.
-    let waited = Instant::now();
-    let synced = device.event_synchronize(&slot.copied);
-    add_since(&shared.counters.ring_wait_ns, waited);
-    synced?;
-    let mut host = slot.host.lock().unwrap_or_else(PoisonError::into_inner);
-    let read = Instant::now();
-    let result = source.read_rows(&mut host.as_mut()[..len], rows.start);
-    add_since(&shared.counters.storage_ns, read);
-    result?;
-    // The device buffer may still be in use by the consumer's work on the previous batch.
-    device.stream_wait(StreamKind::Copy, &slot.consumed)?;
-    // SAFETY: the slot belongs to this job alone until the consumer drops the batch, which
-    // happens only after `copied` (recorded next, after the copy) is handed over with it; the
-    // next writer of `host` waits for `copied` above, and the next copy into `device` follows
-    // this one on the same stream. `len` fits: buffers are sized for the largest batch.
-    unsafe { device.copy_to_device_async(&host, &slot.device, len)? };
-    device.record(&slot.copied, StreamKind::Copy)?;
-    Ok(())
 }
 
 /// A batch on the device, held by the consumer; dropping it returns its buffers to the ring.
@@ -534,18 +330,18 @@ impl<D: Device> Batch<'_, D> {
     /// The device buffer; its first [`Batch::len`] bytes are the batch once
     /// [`Batch::ready_event`] has completed.
     pub fn device_buffer(&self) -> &D::DeviceBuffer {
-        &self.streamer.shared.slots[self.slot].device
+        &self.streamer.shared.ring.slot(self.slot).device
     }
 
     /// The event that completes when the batch's copy to the device is done: make your own
     /// stream wait on it before using the buffer.
     pub fn ready_event(&self) -> &D::Event {
-        &self.streamer.shared.slots[self.slot].copied
+        &self.streamer.shared.ring.slot(self.slot).copied
     }
 
     /// Makes the device's consumer stream wait for the batch (does not block the host).
     pub fn wait_on_consumer_stream(&self) -> Result<(), StreamError> {
-        let device = &self.streamer.shared.device;
+        let device = &self.streamer.shared.ring.device;
         Ok(device.stream_wait(StreamKind::Consumer, self.ready_event())?)
     }
 
@@ -555,9 +351,10 @@ impl<D: Device> Batch<'_, D> {
         let result = self
             .streamer
             .shared
+            .ring
             .device
             .event_synchronize(self.ready_event());
-        add_since(&self.streamer.shared.counters.consumer_wait_ns, waited);
+        add_since(&self.streamer.shared.ring.counters.consumer_wait_ns, waited);
         Ok(result?)
     }
 
@@ -567,6 +364,7 @@ impl<D: Device> Batch<'_, D> {
         let mut out = vec![0u8; self.meta.len];
         self.streamer
             .shared
+            .ring
             .device
             .copy_to_host(self.device_buffer(), &mut out)?;
         Ok(out)
@@ -604,7 +402,7 @@ impl<'a> Batch<'a, HostDevice> {
     /// right after; its buffer is not reused until the kernel has run.
     pub fn launch(&self, kernel: impl FnOnce(&[u8]) + Send + 'static) -> Result<(), StreamError> {
         self.wait_on_consumer_stream()?;
-        let device = &self.streamer.shared.device;
+        let device = &self.streamer.shared.ring.device;
         // SAFETY: the slot's buffer lives until the streamer is dropped (which synchronizes the
         // device first) and is not written again before the consumed event, recorded on the
         // consumer stream after this kernel when the batch is dropped, has completed.
@@ -614,20 +412,8 @@ impl<'a> Batch<'a, HostDevice> {
 
 impl<D: Device> Drop for Batch<'_, D> {
     fn drop(&mut self) {
-        let shared = &self.streamer.shared;
-        if let Err(e) = shared
-            .device
-            .record(&shared.slots[self.slot].consumed, StreamKind::Consumer)
-        {
-            tracing::warn!(
-                "recording the release of batch {} failed: {e}",
-                self.meta.seq
-            );
-        }
-        self.streamer.held.fetch_sub(1, Ordering::AcqRel);
-        if let Some(tx) = &self.streamer.free_tx {
-            let _ = tx.send(self.slot);
-        }
+        let ring = &self.streamer.shared.ring;
+        ring.give_back(self.slot, self.meta.seq, true);
     }
 }
 
