@@ -101,6 +101,8 @@ if [ -n "${STAGEFS_SIMULATE_NODES:-}" ]; then
 fi
 srun "${STEP[@]}" --kill-on-bad-exit=0 bash -c "set -euo pipefail; $(declare -f node_step); node_step" &
 child=$!
+# This wait-and-requeue is also in scripts/train.sh, on purpose: SLURM runs a spooled copy of a batch
+# script, so a template cannot source a shared file beside it; each must stand alone.
 # srun passes a signal it gets on to every task: the warning reaches every node.
 trap 'kill -USR1 "$child" 2>/dev/null || true' USR1
 trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT

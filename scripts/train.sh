@@ -70,6 +70,8 @@ echo "train: job ${SLURM_JOB_ID:-manual} (run $((${SLURM_RESTART_COUNT:-0} + 1))
   --every "$SYNC_EVERY" \
   -- bash -c "$TRAIN_CMD" &
 child=$!
+# This wait-and-requeue is also in scripts/train-multinode.sh, on purpose: SLURM runs a spooled copy of a batch
+# script, so a template cannot source a shared file beside it; each must stand alone.
 trap 'kill -USR1 "$child" 2>/dev/null || true' USR1
 trap 'kill -TERM "$child" 2>/dev/null || true' TERM INT
 rc=

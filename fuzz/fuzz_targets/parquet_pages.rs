@@ -7,13 +7,10 @@
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use stagefs_fuzz::{count_only_escaping_panics, read_view, MemSource};
-use stagefs_views::table::Table;
+use stagefs_fuzz::{count_only_escaping_panics, read_table};
 use stagefs_views::TableFormat;
 
 /// Largest single allocation allowed: a page's cap and 64 KiB of slack.
@@ -68,17 +65,5 @@ unsafe impl GlobalAlloc for Bounded {
 static ALLOC: Bounded = Bounded;
 
 fuzz_target!(init: count_only_escaping_panics(), |data: &[u8]| {
-    let src = Arc::new(MemSource {
-        name: "t.parquet",
-        data: data.to_vec(),
-    });
-    let Ok(table) = Table::open(src, Path::new("t.parquet"), TableFormat::Parquet) else {
-        return;
-    };
-    let table = Arc::new(table);
-    for (name, _) in table.entries() {
-        if let Some(view) = table.view(&name) {
-            read_view(view.as_ref());
-        }
-    }
+    read_table("t.parquet", TableFormat::Parquet, data);
 });

@@ -7,8 +7,10 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
-use stagefs_views::{ByteSource, EntryKind, SourceEntry, View};
+use stagefs_views::table::Table;
+use stagefs_views::{ByteSource, EntryKind, SourceEntry, TableFormat, View};
 
 /// Replaces libfuzzer-sys's panic hook, which aborts on every panic — even one that stagefs
 /// catches by design (image decoders and the Parquet reader run under `catch_unwind`, so a bad
@@ -85,5 +87,30 @@ pub fn read_view(view: &dyn View) {
     }
     if len > READ_LIMIT {
         let _ = view.read_at(len - READ_LIMIT.min(len), &mut buf);
+    }
+}
+
+/// Opens `data` as the table file `name` in `format`, lists its view directory and reads
+/// every file of it ([`read_view`]); a listed size must be the view's. The body of the table
+/// targets: a bad table fails to open or fails its views, only a panic, an abort, a hang or
+/// (under `parquet_pages`'s bounded allocator) an allocation past the bounds is a finding.
+pub fn read_table(name: &'static str, format: TableFormat, data: &[u8]) {
+    let src = Arc::new(MemSource {
+        name,
+        data: data.to_vec(),
+    });
+    let Ok(table) = Table::open(src, Path::new(name), format) else {
+        return;
+    };
+    let table = Arc::new(table);
+    for (entry, len) in table.entries() {
+        if let Some(view) = table.view(&entry) {
+            assert_eq!(
+                view.len(),
+                len,
+                "{entry}: listed size differs from the view's"
+            );
+            read_view(view.as_ref());
+        }
     }
 }

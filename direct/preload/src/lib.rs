@@ -627,42 +627,45 @@ unsafe fn fopen_direct(path: *const c_char, mode: *const c_char) -> Option<*mut 
     Some(fp)
 }
 
-/// Interposed `fopen`: see the module docs.
-///
-/// # Safety
-/// As `fopen(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: the caller's arguments.
-    if let Some(fp) = unsafe { fopen_direct(path, mode) } {
-        return fp;
-    }
-    match next!("fopen", FopenFn) {
-        // SAFETY: the real fopen with the caller's arguments.
-        Some(f) => unsafe { f(path, mode) },
-        None => {
-            enosys();
-            std::ptr::null_mut()
+macro_rules! fopen_like {
+    ($name:ident, $sym:literal) => {
+        /// Interposed `fopen`: see the module docs.
+        ///
+        /// # Safety
+        /// As `fopen(3)`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            path: *const c_char,
+            mode: *const c_char,
+        ) -> *mut libc::FILE {
+            // SAFETY: the caller's arguments.
+            if let Some(fp) = unsafe { fopen_direct(path, mode) } {
+                return fp;
+            }
+            match next!($sym, FopenFn) {
+                // SAFETY: the real function with the caller's arguments.
+                Some(f) => unsafe { f(path, mode) },
+                None => {
+                    enosys();
+                    std::ptr::null_mut()
+                }
+            }
         }
-    }
+    };
 }
 
-/// Interposed `fopen64`: see the module docs.
-///
-/// # Safety
-/// As `fopen(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: the caller's arguments.
-    if let Some(fp) = unsafe { fopen_direct(path, mode) } {
-        return fp;
-    }
-    match next!("fopen64", FopenFn) {
-        // SAFETY: the real fopen64 with the caller's arguments.
-        Some(f) => unsafe { f(path, mode) },
-        None => {
-            enosys();
-            std::ptr::null_mut()
+fopen_like!(fopen, "fopen");
+fopen_like!(fopen64, "fopen64");
+
+/// After the real `close`/`fclose` of a direct descriptor: releases its pin, keeping the
+/// close's `errno` for the caller (the release talks to the daemon).
+fn release_after_close(pinned: Option<(usize, u64)>) {
+    if let Some((i, pin)) = pinned {
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        release(i, pin);
+        if let Some(e) = errno {
+            // SAFETY: __errno_location points at this thread's errno.
+            unsafe { *libc::__errno_location() = e };
         }
     }
 }
@@ -679,14 +682,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         Some(f) => unsafe { f(fd) },
         None => enosys(),
     };
-    if let Some((i, pin)) = pinned {
-        let errno = std::io::Error::last_os_error().raw_os_error();
-        release(i, pin);
-        if let Some(e) = errno {
-            // SAFETY: __errno_location points at this thread's errno.
-            unsafe { *libc::__errno_location() = e };
-        }
-    }
+    release_after_close(pinned);
     r
 }
 
@@ -707,14 +703,7 @@ pub unsafe extern "C" fn fclose(fp: *mut libc::FILE) -> c_int {
         Some(f) => unsafe { f(fp) },
         None => enosys(),
     };
-    if let Some((i, pin)) = pinned {
-        let errno = std::io::Error::last_os_error().raw_os_error();
-        release(i, pin);
-        if let Some(e) = errno {
-            // SAFETY: __errno_location points at this thread's errno.
-            unsafe { *libc::__errno_location() = e };
-        }
-    }
+    release_after_close(pinned);
     r
 }
 

@@ -241,8 +241,8 @@ fn cache_index(out: &Path) -> std::io::Result<()> {
         capacity: 64 << 20,
         direct_reads: false,
     };
-    let (store, _) =
-        CacheStore::open(&cfg, std::sync::Arc::new(Stats::default())).map_err(std::io::Error::other)?;
+    let (store, _) = CacheStore::open(&cfg, std::sync::Arc::new(Stats::default()))
+        .map_err(std::io::Error::other)?;
     let v = |size| Version {
         size,
         mtime_ns: 1,
@@ -273,11 +273,31 @@ fn parquet_pages(tables: &std::path::Path, out: &std::path::Path) -> std::io::Re
         let entry = entry?;
         std::fs::copy(entry.path(), out.join(entry.file_name()))?;
     }
-    put(out, "honest.parquet", &dictionary_bomb(2, Values::Int64, 16, None))?;
-    put(out, "honest_binary.parquet", &dictionary_bomb(2, Values::Binary, 10, None))?;
-    put(out, "dict_bomb.parquet", &dictionary_bomb(3, Values::Int64, (2 << 30) - 1, None))?;
-    put(out, "binary_bomb.parquet", &dictionary_bomb(2, Values::Binary, 200 << 20, None))?;
-    put(out, "page_bomb.parquet", &dictionary_bomb(1, Values::Int64, 16, Some(1 << 30)))?;
+    put(
+        out,
+        "honest.parquet",
+        &dictionary_bomb(2, Values::Int64, 16, None),
+    )?;
+    put(
+        out,
+        "honest_binary.parquet",
+        &dictionary_bomb(2, Values::Binary, 10, None),
+    )?;
+    put(
+        out,
+        "dict_bomb.parquet",
+        &dictionary_bomb(3, Values::Int64, (2 << 30) - 1, None),
+    )?;
+    put(
+        out,
+        "binary_bomb.parquet",
+        &dictionary_bomb(2, Values::Binary, 200 << 20, None),
+    )?;
+    put(
+        out,
+        "page_bomb.parquet",
+        &dictionary_bomb(1, Values::Int64, 16, Some(1 << 30)),
+    )?;
     Ok(())
 }
 

@@ -88,15 +88,11 @@ pub fn decode_csv(
     header: bool,
     bad_rows: BadRows,
 ) -> Result<Decoded, CleanError> {
-    if let Some(batches) = crate::csv_decode::decode(schema, projection, bytes, header, BATCH_ROWS)
-    {
-        return Ok(Decoded {
-            batches,
-            skipped: Vec::new(),
-            skipped_count: 0,
-        });
-    }
-    match decode_all(schema, projection, bytes, header, BATCH_ROWS) {
+    // The fast decoder, then arrow-csv; only a unit both refuse is read record by record.
+    let whole = crate::csv_decode::decode(schema, projection, bytes, header, BATCH_ROWS)
+        .map(Ok)
+        .unwrap_or_else(|| decode_all(schema, projection, bytes, header, BATCH_ROWS));
+    match whole {
         Ok(batches) => Ok(Decoded {
             batches,
             skipped: Vec::new(),
