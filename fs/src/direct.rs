@@ -43,6 +43,7 @@ pub use stagefs_protocol::{Granted, Refusal, MAX_PINS, MAX_PINS_PER_CONNECTION};
 use tracing::{debug, warn};
 
 use crate::control::{CONTROL_DIR, VIEW_DIR};
+use crate::files::is_large;
 use crate::fscore::FsCore;
 
 // Clients skip files this small without asking (stagefs_protocol::SMALL_FILE).
@@ -176,7 +177,7 @@ impl FsCore {
             FileKind::Symlink => return Err(Refusal::Symlink),
             _ => return Err(Refusal::NotRegular),
         }
-        if attr.size <= SMALL_FILE {
+        if !is_large(attr.size) {
             return Err(Refusal::Small);
         }
         if pins.held.len() >= MAX_PINS_PER_CONNECTION {

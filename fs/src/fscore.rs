@@ -26,7 +26,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::readahead::ReadAhead;
-use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::store::FORMAT_DIR;
 use stagefs_prefetch::{
     CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
@@ -37,7 +36,7 @@ use tracing::{info, warn};
 
 use crate::control::{CONTROL_DIR, STATS_FILE, VIEW_DIR};
 use crate::error::FsError;
-use crate::files::{FileState, Files, ReadData};
+use crate::files::{is_large, FileState, Files, ReadData};
 use crate::inode::{source_ino, InodeTable, Node, Virtual, ROOT_INO};
 use crate::snapshot::{NodeAttr, NodeId, ScanOptions, Snapshot, ROOT};
 use crate::views::{OpenView, Views};
@@ -943,7 +942,7 @@ impl FsCore {
                 }
                 let state = self.files.state(id, &attr)?;
                 self.files.opened(id, attr.size);
-                let pt = if passthrough && attr.size > SMALL_FILE {
+                let pt = if passthrough && is_large(attr.size) {
                     self.passthrough_file(state.entry)
                 } else {
                     None

@@ -55,7 +55,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
-use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
 use tracing::{debug, warn};
 
@@ -67,6 +66,7 @@ use stagefs_protocol::{parse_request, Reply, Request};
 
 use crate::control::VIEW_DIR;
 use crate::direct::{DirectPins, Refusal};
+use crate::files::is_large;
 use crate::fscore::FsCore;
 use crate::offload::Offload;
 use crate::views::OpenView;
@@ -236,7 +236,7 @@ impl FsCore {
             files.prefetch_bytes(&state, offset..offset + len);
             // Pushed only when a kernel is there to take pages; small files go whole through
             // the walker, which pushes files, not blocks.
-            if sink.is_none() || attr.size <= SMALL_FILE {
+            if sink.is_none() || !is_large(attr.size) {
                 continue;
             }
             let n = block_count(attr.size);
