@@ -203,6 +203,33 @@ pub(crate) enum Handle {
     View(Arc<OpenView>),
 }
 
+/// Where the snapshot being served came from (the stats' `snapshot` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotOrigin {
+    /// Loaded from `stagefs index` output (`--index`).
+    Index,
+    /// The one an earlier mount of this source kept in the cache.
+    Cache,
+    /// Listed from the source by this mount.
+    Listed,
+}
+
+impl SnapshotOrigin {
+    /// Its name in the stats.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotOrigin::Index => "index",
+            SnapshotOrigin::Cache => "cache",
+            SnapshotOrigin::Listed => "listed",
+        }
+    }
+
+    /// Whether the snapshot is kept in the cache already (else it is kept once complete).
+    pub fn persisted(self) -> bool {
+        self == SnapshotOrigin::Cache
+    }
+}
+
 /// The filesystem. Its parts are built, and its background work started and stopped, in
 /// [`crate::session`]; the request methods are here.
 pub struct FsCore {
@@ -228,7 +255,7 @@ pub struct FsCore {
     /// Complete copies waiting for background verification.
     pub(crate) verify: Arc<VerifyQueue>,
     /// Where the snapshot came from (for the stats).
-    pub(crate) origin: &'static str,
+    pub(crate) origin: SnapshotOrigin,
     /// The stats file as readers without a handle see it.
     pub(crate) stats_file: StatsFile,
     /// Read-order hints ([`crate::hints`]).
@@ -318,7 +345,7 @@ impl FsCore {
         let scan = self.snapshot.scan_stats();
         s.metadata_requests = scan.requests;
         s.snapshot_entries = self.snapshot.len() as u64;
-        s.snapshot = self.origin.to_string();
+        s.snapshot = self.origin.as_str().to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
         s.direct_pins = self.direct.direct_pins() as u64;
         s

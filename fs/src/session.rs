@@ -3,15 +3,14 @@
 //!
 //! **Start.** The cache log replays on one thread while the snapshot loads on another. The
 //! snapshot is `--index`, else the one kept in the cache for this source, else a fresh listing
-//! (its origin, in the stats).
-//! The parts are then built in order, each from those before it: the fetcher, the files, the
-//! views (prepared on first use), the verification queue, the direct and hint services
-//! ([`crate::handle`]: they get handles of the parts, not the core), and last the core. Then
-//! the background work starts: the walker and pushers, the cache log flusher (every
-//! [`FLUSH_INTERVAL`]), the verifier of complete copies, and, once the listing is complete,
-//! the binding of the previous mount's cache entries, the snapshot kept in the cache
-//! ([`SNAPSHOT_FILE`]), the verification of the copies bound, and staging. The hint socket
-//! starts later, once the kernel session runs ([`FsCore::start_hints`]).
+//! ([`SnapshotOrigin`]). The parts are then built in order, each from those before it: the
+//! fetcher, the files, the views (prepared on first use), the verification queue, the direct
+//! and hint services ([`crate::handle`]: they get handles of the parts, not the core), and
+//! last the core. Then the background work starts: the walker and pushers, the cache log
+//! flusher (every [`FLUSH_INTERVAL`]), the verifier of complete copies, and, once the listing
+//! is complete, the binding of the previous mount's cache entries, the snapshot kept in the
+//! cache ([`SNAPSHOT_FILE`]), the verification of the copies bound, and staging. The hint
+//! socket starts later, once the kernel session runs ([`FsCore::start_hints`]).
 //!
 //! **Stop.** [`FsCore::shutdown`] (unmount) and [`FsCore::abandon`] (a killed daemon, for
 //! tests) end every background thread and wait for them, then write the cache log or not.
@@ -33,7 +32,7 @@ use crate::control::StatsFile;
 use crate::direct::DirectService;
 use crate::error::FsError;
 use crate::files::Files;
-use crate::fscore::{FsConfig, FsCore, VIEWS_BY_INO};
+use crate::fscore::{FsConfig, FsCore, SnapshotOrigin, VIEWS_BY_INO};
 use crate::handle::{MountHandle, VerifyQueue};
 use crate::hints::HintService;
 use crate::inode::InodeTable;
@@ -134,7 +133,7 @@ impl FsCore {
             direct,
             cfg,
         });
-        core.start(loaded, origin == "cache", verifier)?;
+        core.start(loaded, origin.persisted(), verifier)?;
         Ok(core)
     }
 
@@ -144,7 +143,7 @@ impl FsCore {
         cfg: &FsConfig,
         dir: &CacheDir,
         source: Arc<dyn Source>,
-    ) -> Result<(Arc<Snapshot>, &'static str), FsError> {
+    ) -> Result<(Arc<Snapshot>, SnapshotOrigin), FsError> {
         if let Some(index) = &cfg.index {
             let s = Snapshot::load(index)?;
             if s.source_root() != cfg.source {
@@ -156,7 +155,7 @@ impl FsCore {
             }
             // For --revalidate (and directories the index could not list): read lazily.
             s.attach_source(source);
-            return Ok((s, "index"));
+            return Ok((s, SnapshotOrigin::Index));
         }
         if !cfg.rescan && dir.exists(SNAPSHOT_FILE) {
             match Snapshot::load_from(dir, SNAPSHOT_FILE) {
@@ -166,7 +165,7 @@ impl FsCore {
                         "serving the snapshot kept in the cache (no listing)"
                     );
                     s.attach_source(source);
-                    return Ok((s, "cache"));
+                    return Ok((s, SnapshotOrigin::Cache));
                 }
                 Ok(_) => info!(
                     "the cache's snapshot is of another source, or the source root changed since \
@@ -183,7 +182,7 @@ impl FsCore {
                 ..ScanOptions::default()
             },
         )?;
-        Ok((s, "listed"))
+        Ok((s, SnapshotOrigin::Listed))
     }
 
     fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
