@@ -11,7 +11,7 @@
 //! the mount must see them), never for views, symlinks or control files. Anything else is a
 //! [`Refusal`] and the client reads through the mount. A complete copy not verified yet is
 //! queued for verification (and refused this time); copies found complete at mount are
-//! verified in the background right after binding ([`FsCore::verify_copies`]), so the warm
+//! verified in the background right after binding ([`DirectService::verify_copies`]), so the warm
 //! epoch after a remount gets descriptors from its first opens.
 //!
 //! **What is handed out.** The copy opened afresh, `O_RDONLY` (a new open file description:
@@ -27,13 +27,16 @@
 //! **Counted** in the stats: `direct_opens`, `direct_refused`, `bytes_direct` (the file's size
 //! per grant: the daemon does not see the reads). Refusals that only a broken or hostile
 //! client causes (bad path, malformed, pins full) are logged at warn, at most one line per
-//! [`crate::hints::LOG_EVERY`]; the ordinary ones (not staged yet, small, ...) at debug.
+//! [`crate::handle::LOG_EVERY`]; the ordinary ones (not staged yet, small, ...) at debug.
+//!
+//! The service ([`DirectService`]) gets the mount's [`MountHandle`], the verification queue
+//! and whether the mount revalidates: what a grant needs, not the core.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use stagefs_prefetch::locks::lock;
@@ -43,14 +46,19 @@ pub use stagefs_protocol::{Granted, Refusal, MAX_PINS, MAX_PINS_PER_CONNECTION};
 use tracing::{debug, warn};
 
 use crate::control::{CONTROL_DIR, VIEW_DIR};
-use crate::fscore::FsCore;
+use crate::files::is_large;
+use crate::handle::{MountHandle, VerifyQueue};
 
 // Clients skip files this small without asking (stagefs_protocol::SMALL_FILE).
 const _: () = assert!(stagefs_protocol::SMALL_FILE == SMALL_FILE);
 
-/// The direct-descriptor state a mount keeps.
-#[derive(Default)]
-pub struct DirectState {
+/// The direct-descriptor service of a mount: grants, refusals and the pins of all connections.
+pub struct DirectService {
+    mount: MountHandle,
+    /// Under `--revalidate` every direct open is refused (see the module docs).
+    revalidating: bool,
+    /// Where complete copies not verified yet are queued.
+    verify: Arc<VerifyQueue>,
     /// Pins held by all connections.
     pins: AtomicUsize,
     /// Grant numbers (unique for the mount's life).
@@ -62,15 +70,15 @@ pub struct DirectState {
 /// The pins one connection holds: released when it says so or when it is dropped (the
 /// connection ended).
 pub struct DirectPins {
-    core: Weak<FsCore>,
+    direct: Weak<DirectService>,
     held: HashMap<u64, EntryId>,
 }
 
 impl DirectPins {
-    /// No pins yet, for a connection to `core`.
-    pub fn new(core: Weak<FsCore>) -> DirectPins {
+    /// No pins yet, for a connection to `direct`.
+    pub fn new(direct: Weak<DirectService>) -> DirectPins {
         DirectPins {
-            core,
+            direct,
             held: HashMap::new(),
         }
     }
@@ -90,9 +98,9 @@ impl DirectPins {
         let Some(id) = self.held.remove(&pin) else {
             return false;
         };
-        if let Some(core) = self.core.upgrade() {
-            core.store().unpin(id);
-            core.direct.pins.fetch_sub(1, Relaxed);
+        if let Some(direct) = self.direct.upgrade() {
+            direct.mount.store().unpin(id);
+            direct.pins.fetch_sub(1, Relaxed);
         }
         true
     }
@@ -113,7 +121,21 @@ impl Drop for DirectPins {
     }
 }
 
-impl FsCore {
+impl DirectService {
+    /// The service of the mount `mount`; `revalidating`: the mount re-checks metadata (every
+    /// open is refused); `verify`: the mount's verification queue.
+    pub fn new(mount: MountHandle, revalidating: bool, verify: Arc<VerifyQueue>) -> DirectService {
+        DirectService {
+            mount,
+            revalidating,
+            verify,
+            pins: AtomicUsize::new(0),
+            next_pin: AtomicU64::new(0),
+            last_log: Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
     /// Answers a `direct_open` of `path` for the connection holding `pins`: a read-only
     /// descriptor of the verified copy (pinned until released) or why not. Counted and logged.
     pub fn direct_open(
@@ -125,8 +147,8 @@ impl FsCore {
         let got = self.grant(path, pins);
         match &got {
             Ok((_, g)) => {
-                self.stats().direct_opens.fetch_add(1, Relaxed);
-                self.stats().bytes_direct.fetch_add(g.size, Relaxed);
+                self.mount.stats().direct_opens.fetch_add(1, Relaxed);
+                self.mount.stats().bytes_direct.fetch_add(g.size, Relaxed);
                 debug!(pin = g.pin, size = g.size, "direct descriptor handed out");
             }
             Err(r) => self.refused(path, *r),
@@ -136,24 +158,24 @@ impl FsCore {
 
     /// Counts and logs a refusal (also for requests that never reached [`Self::direct_open`]).
     pub fn refused(&self, path: &str, r: Refusal) {
-        self.stats().direct_refused.fetch_add(1, Relaxed);
+        self.mount.stats().direct_refused.fetch_add(1, Relaxed);
         let path: String = path.chars().take(200).collect();
         if !matches!(r, Refusal::BadPath | Refusal::Malformed | Refusal::PinsFull) {
             debug!(path, reason = %r, "direct open refused");
             return;
         }
-        let mut last = lock(&self.direct.last_log);
-        if last.is_some_and(|t| t.elapsed() < crate::hints::LOG_EVERY) {
-            self.direct.unlogged.fetch_add(1, Relaxed);
+        let mut last = lock(&self.last_log);
+        if last.is_some_and(|t| t.elapsed() < crate::handle::LOG_EVERY) {
+            self.unlogged.fetch_add(1, Relaxed);
             return;
         }
         *last = Some(Instant::now());
-        let also = self.direct.unlogged.swap(0, Relaxed);
+        let also = self.unlogged.swap(0, Relaxed);
         warn!(path, reason = %r, unlogged_since = also, "direct open refused");
     }
 
     fn grant(&self, path: &str, pins: &mut DirectPins) -> Result<(OwnedFd, Granted), Refusal> {
-        if self.stopped() {
+        if self.mount.stopped() {
             return Err(Refusal::Stopping);
         }
         stagefs_protocol::check_path(path).map_err(|_| Refusal::BadPath)?;
@@ -165,10 +187,10 @@ impl FsCore {
         if first == Some(CONTROL_DIR.as_ref()) {
             return Err(Refusal::NotRegular);
         }
-        if self.revalidating() {
+        if self.revalidating {
             return Err(Refusal::Revalidate);
         }
-        let snap = self.snapshot_ref();
+        let snap = self.mount.snapshot_ref();
         let node = snap.resolve(rel).ok().flatten().ok_or(Refusal::NotFound)?;
         let attr = snap.attr(node).ok_or(Refusal::NotFound)?;
         match attr.kind {
@@ -176,7 +198,7 @@ impl FsCore {
             FileKind::Symlink => return Err(Refusal::Symlink),
             _ => return Err(Refusal::NotRegular),
         }
-        if attr.size <= SMALL_FILE {
+        if !is_large(attr.size) {
             return Err(Refusal::Small);
         }
         if pins.held.len() >= MAX_PINS_PER_CONNECTION {
@@ -184,7 +206,6 @@ impl FsCore {
         }
         // Reserve a pin in the total first, so racing connections cannot pass the bound.
         if self
-            .direct
             .pins
             .fetch_update(Relaxed, Relaxed, |n| (n < MAX_PINS).then_some(n + 1))
             .is_err()
@@ -192,16 +213,16 @@ impl FsCore {
             return Err(Refusal::PinsFull);
         }
         let unreserve = || {
-            self.direct.pins.fetch_sub(1, Relaxed);
+            self.pins.fetch_sub(1, Relaxed);
         };
-        let state = match self.files().state(node, &attr) {
+        let state = match self.mount.files().state(node, &attr) {
             Ok(s) => s,
             Err(_) => {
                 unreserve();
                 return Err(Refusal::NotFound);
             }
         };
-        let store = self.store();
+        let store = self.mount.store();
         let mut pinned = store.pin_passthrough(state.entry);
         if pinned.is_none() && store.is_complete(state.entry) {
             // A complete copy not verified in this mount yet (a remount's copies are verified
@@ -215,7 +236,7 @@ impl FsCore {
         let Some(file) = pinned else {
             unreserve();
             if store.is_complete(state.entry) {
-                self.queue_verify(state.entry);
+                self.verify.queue(state.entry);
                 return Err(Refusal::Verifying);
             }
             return Err(Refusal::NotStaged);
@@ -230,7 +251,7 @@ impl FsCore {
             );
             return Err(Refusal::NotStaged);
         }
-        let pin = self.direct.next_pin.fetch_add(1, Relaxed) + 1;
+        let pin = self.next_pin.fetch_add(1, Relaxed) + 1;
         pins.held.insert(pin, state.entry);
         Ok((
             fd,
@@ -245,12 +266,12 @@ impl FsCore {
     /// Verifies, one after another on a background thread, the complete copies this mount
     /// found in the cache (see the module docs). Ends early when the mount stops.
     pub(crate) fn verify_copies(&self) {
-        let store = self.store();
+        let store = self.mount.store();
         let ids = store.unverified_copies();
         let n = ids.len();
         let mut ok = 0usize;
         for id in ids {
-            if self.stopped() {
+            if self.mount.stopped() {
                 return;
             }
             ok += usize::from(store.verify(id));
@@ -266,7 +287,7 @@ impl FsCore {
 
     /// Direct descriptors pinned now, by all connections.
     pub fn direct_pins(&self) -> usize {
-        self.direct.pins.load(Relaxed)
+        self.pins.load(Relaxed)
     }
 }
 

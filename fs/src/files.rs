@@ -52,6 +52,14 @@ const ACTIVE_FILES: usize = 4096;
 /// Bytes all files' remembered blocks may hold together: 64 readers streaming 1 MiB blocks.
 pub const MEMO_BUDGET: u64 = 64 << 20;
 
+/// Whether a file of `size` bytes is *large*: over the staging threshold [`SMALL_FILE`]. The
+/// cache packs files up to that size into segments and keeps each larger one as an exact copy
+/// in a data file of its own, so only a large file has a copy to hand out (passthrough, direct
+/// descriptors, direct I/O) and is pushed block by block; small files go whole (the walker).
+pub fn is_large(size: u64) -> bool {
+    size > SMALL_FILE
+}
+
 /// The last block a file served, counted against [`MEMO_BUDGET`] while it is held.
 struct Memo {
     idx: u32,
@@ -272,7 +280,7 @@ impl Files {
             rel.as_os_str().as_bytes(),
             version,
             block_count(version.size) as u32,
-            version.size > SMALL_FILE,
+            is_large(version.size),
             node,
         );
         let got = self.bind(node, id);
@@ -355,7 +363,7 @@ impl Files {
                         *memo = Memo::new(idx as u32, f.data.clone(), &self.memo_held);
                     }
                 }
-                if s.version.size > SMALL_FILE {
+                if is_large(s.version.size) {
                     self.push_rest(s, idx, &f.data, served.clone());
                 }
                 (f.data, f.hit)
@@ -403,7 +411,7 @@ impl Files {
                 Some(parts) => parts.into_iter().for_each(|r| self.prefetch_bytes(s, r)),
             }
         }
-        if fsize > SMALL_FILE {
+        if is_large(fsize) {
             s.read_to.store(end, Relaxed);
             self.push_ahead(s, offset, end);
         }
@@ -521,7 +529,7 @@ impl Files {
     /// Notes that small file `node` was opened: the files after it in its directory are
     /// fetched ahead by the cross-file thread (dropped if it is busy; the next open asks again).
     pub fn opened(&self, node: NodeId, size: u64) {
-        if size > SMALL_FILE {
+        if is_large(size) {
             return;
         }
         if let Some(tx) = lock(&self.xfile).as_ref() {

@@ -13,71 +13,43 @@
 //! Data goes through [`Files`] (the cache, then the source) and [`Views`] (`.npy/`). Fully cached
 //! large files can be handed to the kernel for passthrough once verified in this mount (the
 //! verification runs in the background, off the read path).
+//!
+//! This module holds the requests and the types they answer with; the core's parts are built,
+//! and its background work started and stopped, in [`crate::session`]; the stats file is
+//! rendered by [`crate::control`]. Read-order hints and direct descriptors are services of
+//! their own ([`crate::hints`], [`crate::direct`]) that the core holds and delegates to.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::readahead::ReadAhead;
-use stagefs_prefetch::staging::SMALL_FILE;
-use stagefs_prefetch::store::FORMAT_DIR;
-use stagefs_prefetch::{
-    CacheStore, EntryId, FetchConfig, Fetcher, FileKind, LoadedEntry, LocalSource, Source, Stats,
-    StatsSnapshot, StoreConfig,
-};
-use stagefs_views::{ViewKind, ViewOptions};
+use stagefs_prefetch::{CacheStore, EntryId, FetchConfig, Fetcher, FileKind, Stats, StatsSnapshot};
+use stagefs_views::ViewKind;
 use tracing::{info, warn};
 
-use crate::control::{CONTROL_DIR, STATS_FILE, VIEW_DIR};
+use crate::control::{StatsFile, CONTROL_DIR, STATS_FILE, VIEW_DIR};
+use crate::direct::DirectService;
 use crate::error::FsError;
-use crate::files::{FileState, Files, ReadData};
+use crate::files::{is_large, FileState, Files, ReadData};
+use crate::handle::VerifyQueue;
+use crate::hints::{HintServer, HintService, Rejected};
 use crate::inode::{source_ino, InodeTable, Node, Virtual, ROOT_INO};
-use crate::snapshot::{NodeAttr, NodeId, ScanOptions, Snapshot, ROOT};
-use crate::views::{OpenView, Views};
+use crate::snapshot::{NodeAttr, NodeId, Snapshot, ROOT};
+use crate::views::{MountViews, OpenView, Views};
 
 /// Files after an opened small file that are fetched ahead (about 3 MB of 100 KB images: a
 /// DataLoader batch or two, enough to hide per-file latency without flooding the queue).
 pub const CROSS_FILE_COUNT: usize = 32;
-/// Interval between flushes of the cache log, bounding what a killed daemon forgets.
-pub const FLUSH_INTERVAL: Duration = Duration::from_secs(2);
-/// Name of the snapshot persisted in the cache directory.
-pub const SNAPSHOT_FILE: &str = "snapshot";
-/// One rendering of the stats file: when it was made (monotonic, and as its mtime), its bytes,
-/// and when it was last served (monotonic).
-type StatsView = (Instant, SystemTime, Arc<[u8]>, Instant);
-
-/// The stats file's size is a multiple of this (the JSON padded with spaces): a rendering of
-/// other counters then has the same size, so a reader never gets the size of one rendering and
-/// the bytes of another (a shorter rendering read to a longer size returned other bytes after
-/// its end: "trailing characters", seen under load).
-pub const STATS_FILE_UNIT: usize = 8 << 10;
-/// A rendering still being read (served within this) is kept, up to [`STATS_VIEW_MAX_AGE`], so
-/// that the pieces of one reader's reads come from one rendering. [`STATS_VIEW_AGE`] itself:
-/// a reader that polls slower never sees an older rendering than it would anyway, and a
-/// reader whose next piece comes 20 ms later (the earlier value) is common on a loaded node
-/// (CI, load 23: JSON torn between two renderings at a 512-byte piece).
-pub const STATS_VIEW_IDLE: Duration = STATS_VIEW_AGE;
-/// Oldest rendering served, however busy the file is.
-pub const STATS_VIEW_MAX_AGE: Duration = Duration::from_secs(1);
-
-/// How long one rendering of the stats file is served to readers without a handle: long
-/// enough for a reader's attribute request and its reads to see one rendering, short enough
-/// that a poll sees counters move.
-pub const STATS_VIEW_AGE: Duration = Duration::from_millis(100);
-/// Complete large files waiting for background verification before passthrough.
-const VERIFY_QUEUE: usize = 64;
-
 /// Views kept open for reads without a handle: 256 covers the files every worker of a job
 /// reads at once; an evicted one is opened again (from the view set's parsed metadata) by its
 /// next read.
-const VIEWS_BY_INO: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(256) {
+pub(crate) const VIEWS_BY_INO: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(256) {
     Some(n) => n,
     None => panic!("256 is not zero"),
 };
@@ -220,7 +192,8 @@ pub struct Opened {
     pub passthrough: Option<std::fs::File>,
 }
 
-enum Handle {
+/// What an open handle reads.
+pub(crate) enum Handle {
     Source {
         state: Arc<FileState>,
         ra: Mutex<ReadAhead>,
@@ -230,35 +203,67 @@ enum Handle {
     View(Arc<OpenView>),
 }
 
-/// The filesystem.
+/// Where the snapshot being served came from (the stats' `snapshot` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotOrigin {
+    /// Loaded from `stagefs index` output (`--index`).
+    Index,
+    /// The one an earlier mount of this source kept in the cache.
+    Cache,
+    /// Listed from the source by this mount.
+    Listed,
+}
+
+impl SnapshotOrigin {
+    /// Its name in the stats.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotOrigin::Index => "index",
+            SnapshotOrigin::Cache => "cache",
+            SnapshotOrigin::Listed => "listed",
+        }
+    }
+
+    /// Whether the snapshot is kept in the cache already (else it is kept once complete).
+    pub fn persisted(self) -> bool {
+        self == SnapshotOrigin::Cache
+    }
+}
+
+/// The filesystem. Its parts are built, and its background work started and stopped, in
+/// [`crate::session`]; the request methods are here.
 pub struct FsCore {
-    cfg: FsConfig,
-    snapshot: Arc<Snapshot>,
-    files: Arc<Files>,
-    fetcher: Fetcher,
-    store: Arc<CacheStore>,
-    stats: Arc<Stats>,
-    inodes: InodeTable,
-    handles: Mutex<HashMap<u64, Arc<Handle>>>,
-    /// Views opened without a handle (kernels that skip `open`), by inode.
+    pub(crate) cfg: FsConfig,
+    pub(crate) snapshot: Arc<Snapshot>,
+    pub(crate) files: Arc<Files>,
+    pub(crate) fetcher: Fetcher,
+    pub(crate) store: Arc<CacheStore>,
+    pub(crate) stats: Arc<Stats>,
+    /// Shared with the hint service, which pushes into views' pages by inode.
+    pub(crate) inodes: Arc<InodeTable>,
+    pub(crate) handles: Mutex<HashMap<u64, Arc<Handle>>>,
     /// Views read without a handle (a normal user's mount skips opens), by inode, at most
     /// [`VIEWS_BY_INO`]: each holds its table's or folder's metadata, and kept for every view
     /// ever read they grew without bound (12 wide tables held 3 GB).
-    views_by_ino: Mutex<lru::LruCache<u64, Arc<OpenView>>>,
-    next_fh: AtomicU64,
-    stop: Arc<AtomicBool>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    views: Mutex<Option<Arc<Views>>>,
-    loaded_views: Mutex<Vec<(LoadedEntry, Vec<u8>)>>,
-    verify: Mutex<Option<SyncSender<EntryId>>>,
+    pub(crate) views_by_ino: Mutex<lru::LruCache<u64, Arc<OpenView>>>,
+    pub(crate) next_fh: AtomicU64,
+    pub(crate) stop: Arc<AtomicBool>,
+    /// Background threads, joined at stop.
+    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The `.npy/` views, prepared on first use.
+    pub(crate) views: Arc<MountViews>,
+    /// Complete copies waiting for background verification.
+    pub(crate) verify: Arc<VerifyQueue>,
     /// Where the snapshot came from (for the stats).
-    origin: &'static str,
-    /// The stats file's current rendering (see [`FsCore::stats_view`]).
-    stats_view: Mutex<Option<StatsView>>,
+    pub(crate) origin: SnapshotOrigin,
+    /// The stats file as readers without a handle see it.
+    pub(crate) stats_file: StatsFile,
     /// Read-order hints ([`crate::hints`]).
-    pub(crate) hints: crate::hints::HintState,
+    pub(crate) hints: Arc<HintService>,
+    /// The hint socket, from [`FsCore::start_hints`] (once the kernel session runs) to stop.
+    pub(crate) hint_server: Mutex<Option<HintServer>>,
     /// Direct descriptors ([`crate::direct`]).
-    pub(crate) direct: crate::direct::DirectState,
+    pub(crate) direct: Arc<DirectService>,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -285,290 +290,10 @@ fn attr_of(ino: u64, a: &NodeAttr) -> Attr {
 }
 
 impl FsCore {
-    /// Opens the cache, takes (or loads) the snapshot and starts the background work: fetch
-    /// workers, index flusher, cross-file prefetch, binding of the previous mount's cache, and
-    /// staging when the tree fits.
-    pub fn new(cfg: FsConfig) -> Result<Arc<FsCore>, FsError> {
-        let source: Arc<dyn Source> = Arc::new(LocalSource::new(cfg.source.clone())?);
-        FsCore::with_source(cfg, source)
-    }
-
-    /// [`new`](Self::new) over any [`Source`] (tests inject slow or failing ones).
-    pub fn with_source(cfg: FsConfig, source: Arc<dyn Source>) -> Result<Arc<FsCore>, FsError> {
-        let stats = Arc::new(Stats::default());
-        let store_cfg = StoreConfig {
-            dir: cfg.cache_dir.clone(),
-            capacity: cfg.cache_size,
-            direct_reads: cfg.direct_scratch,
-        };
-        // The directory first (created and checked once), then the cache log replays on one
-        // thread while the snapshot loads on this one: a remount with a million cached files is
-        // both, on different files, and each is a second of CPU.
-        let dir = CacheDir::open(&cfg.cache_dir)?.subdir(FORMAT_DIR)?;
-        let (opened, snapshot) = std::thread::scope(|sc| {
-            let replay = sc.spawn(|| CacheStore::open(&store_cfg, stats.clone()));
-            let snapshot = Self::open_snapshot(&cfg, &dir, source.clone());
-            (replay.join(), snapshot)
-        });
-        let (store, loaded) = opened.map_err(|_| FsError::Internal)??;
-        let store = Arc::new(store);
-        let (snapshot, origin) = snapshot?;
-        let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
-        let files = Files::new(snapshot.clone(), fetcher.clone(), cfg.cross_file);
-        let stop = Arc::new(AtomicBool::new(false));
-        let core = Arc::new(FsCore {
-            snapshot,
-            files,
-            fetcher,
-            store,
-            stats,
-            inodes: InodeTable::default(),
-            handles: Mutex::new(HashMap::new()),
-            views_by_ino: Mutex::new(lru::LruCache::new(VIEWS_BY_INO)),
-            next_fh: AtomicU64::new(1),
-            stop,
-            threads: Mutex::new(Vec::new()),
-            views: Mutex::new(None),
-            loaded_views: Mutex::new(Vec::new()),
-            verify: Mutex::new(None),
-            origin,
-            stats_view: Mutex::new(None),
-            hints: crate::hints::HintState::default(),
-            direct: crate::direct::DirectState::default(),
-            cfg,
-        });
-        core.start(loaded, origin == "cache")?;
-        Ok(core)
-    }
-
-    /// The snapshot to serve: `--index`, else the one persisted in the cache for this source,
-    /// else a fresh listing. The flag says whether it is already persisted in the cache.
-    fn open_snapshot(
-        cfg: &FsConfig,
-        dir: &CacheDir,
-        source: Arc<dyn Source>,
-    ) -> Result<(Arc<Snapshot>, &'static str), FsError> {
-        if let Some(index) = &cfg.index {
-            let s = Snapshot::load(index)?;
-            if s.source_root() != cfg.source {
-                return Err(FsError::IndexMismatch {
-                    index: index.clone(),
-                    of: s.source_root().to_path_buf(),
-                    mounted: cfg.source.clone(),
-                });
-            }
-            // For --revalidate (and directories the index could not list): read lazily.
-            s.attach_source(source);
-            return Ok((s, "index"));
-        }
-        if !cfg.rescan && dir.exists(SNAPSHOT_FILE) {
-            match Snapshot::load_from(dir, SNAPSHOT_FILE) {
-                Ok(s) if s.source_root() == cfg.source && s.root_unchanged(&*source) => {
-                    info!(
-                        nodes = s.len(),
-                        "serving the snapshot kept in the cache (no listing)"
-                    );
-                    s.attach_source(source);
-                    return Ok((s, "cache"));
-                }
-                Ok(_) => info!(
-                    "the cache's snapshot is of another source, or the source root changed since \
-                     (a regenerated tree): listing again"
-                ),
-                Err(e) => warn!(error = %e, "the cache's snapshot is unusable: listing again"),
-            }
-        }
-        let s = Snapshot::scan(
-            source,
-            &cfg.source,
-            ScanOptions {
-                threads: cfg.scan_threads.max(1),
-                ..ScanOptions::default()
-            },
-        )?;
-        Ok((s, "listed"))
-    }
-
-    fn spawn(&self, name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-        let t = std::thread::Builder::new().name(name.into()).spawn(f)?;
-        lock(&self.threads).push(t);
-        Ok(())
-    }
-
-    fn start(
-        self: &Arc<Self>,
-        loaded: stagefs_prefetch::Loaded,
-        persisted: bool,
-    ) -> Result<(), FsError> {
-        if let Some(t) = crate::walk::start(&self.files)? {
-            lock(&self.threads).push(t);
-        }
-        crate::pushers::start(&self.files)?;
-        {
-            let store = self.store.clone();
-            let stop = self.stop.clone();
-            self.spawn("stagefs-flush", move || {
-                // Short sleeps so shutdown is prompt; a flush every FLUSH_INTERVAL.
-                let mut last = Instant::now();
-                while !stop.load(Relaxed) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    if last.elapsed() >= FLUSH_INTERVAL && !stop.load(Relaxed) {
-                        if let Err(e) = store.flush() {
-                            warn!(error = %e, "writing the cache log failed (will retry)");
-                        }
-                        last = Instant::now();
-                    }
-                }
-            })?;
-        }
-        {
-            let (tx, rx) = sync_channel::<EntryId>(VERIFY_QUEUE);
-            let completed = tx.clone();
-            *lock(&self.verify) = Some(tx);
-            let store = self.store.clone();
-            self.spawn("stagefs-verify", move || {
-                for id in rx {
-                    store.verify(id);
-                }
-            })?;
-            // A copy completed in this mount is verified as soon as it is complete, so the
-            // next epoch's opens get passthrough or direct descriptors at once (else the first
-            // open of each file in the second epoch was refused "verifying" and read through
-            // FUSE). Dropped when the core stops (stop_background), which ends the thread.
-            self.store.set_on_complete(Some(Box::new(move |id| {
-                let _ = completed.try_send(id);
-            })));
-        }
-        // Binding the previous mount's cache entries needs the whole snapshot; with a snapshot
-        // loaded from disk it is there now, and the mount serves nothing before it is done.
-        if self.snapshot.is_complete() {
-            self.after_listing(loaded, persisted);
-        } else {
-            let me = Arc::downgrade(self);
-            self.spawn("stagefs-bind", move || {
-                let Some(core) = me.upgrade() else { return };
-                match core.snapshot.wait_complete() {
-                    Ok(()) => core.after_listing(loaded, persisted),
-                    Err(e) => {
-                        warn!(error = %e, "listing the source failed; the cache is not reused")
-                    }
-                }
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Once the snapshot is complete: bind cached entries, persist the snapshot, start staging.
-    fn after_listing(self: &Arc<Self>, loaded: stagefs_prefetch::Loaded, persisted: bool) {
-        let views = self.files.bind_loaded(loaded);
-        *lock(&self.loaded_views) = views;
-        // The copies bound now were verified in an earlier mount, not this one: verify them in
-        // the background so passthrough and direct descriptors serve the warm epoch.
-        let me = Arc::downgrade(self);
-        let verify = self.spawn("stagefs-verify-copies", move || {
-            if let Some(core) = me.upgrade() {
-                core.verify_copies();
-            }
-        });
-        if let Err(e) = verify {
-            warn!(error = %e, "could not start verifying the cached copies");
-        }
-        if !persisted {
-            match self.snapshot.save_to(self.store.dir(), SNAPSHOT_FILE) {
-                Ok(()) => info!(nodes = self.snapshot.len(), "snapshot kept in the cache"),
-                Err(e) => warn!(error = %e, "could not keep the snapshot in the cache"),
-            }
-        }
-        for e in self.snapshot.errors() {
-            self.stats.error(e);
-        }
-        if !self.cfg.stage {
-            return;
-        }
-        let capacity = self.store.capacity();
-        match crate::scope_stager::spawn_stager(self.files.clone(), capacity, self.stop.clone()) {
-            Ok(t) => lock(&self.threads).push(t),
-            Err(e) => warn!(error = %e, "could not start staging of the declared part"),
-        }
-        if self.cfg.stage_hinted {
-            info!("staging waits for a loader to declare this node's part");
-            return;
-        }
-        let planner = self.files.clone();
-        let plan = move || {
-            let (plan, total) = planner.staging_plan();
-            if total > capacity {
-                info!(
-                    total,
-                    capacity, "tree larger than the cache: no background staging"
-                );
-                return None;
-            }
-            Some((plan, total))
-        };
-        let files = self.files.clone();
-        let wants: stagefs_prefetch::staging::WantsOf<NodeId> =
-            Arc::new(move |node: &NodeId| files.missing_blocks(*node));
-        match stagefs_prefetch::staging::spawn(self.fetcher.clone(), plan, wants, self.stop.clone())
-        {
-            Ok(t) => lock(&self.threads).push(t),
-            Err(e) => warn!(error = %e, "could not start background staging"),
-        }
-    }
-
-    /// Stops background work and writes the cache log; call after the session ends.
-    pub fn shutdown(&self) {
-        self.stop_background();
-        if let Err(e) = self.store.close() {
-            warn!(error = %e, "could not write the cache log at unmount");
-        }
-    }
-
-    /// Stops background work *without* writing the cache log, as a killed daemon would
-    /// (what the last flush wrote is all a later mount finds). For crash tests.
-    pub fn abandon(&self) {
-        self.stop_background();
-        self.store.abandon();
-    }
-
-    /// Ends every background thread (hints, fetches, walker, pushers, verification, staging)
-    /// and waits for them: what [`shutdown`](Self::shutdown) and [`abandon`](Self::abandon)
-    /// share before they close or drop the cache.
-    fn stop_background(&self) {
-        self.stop.store(true, Relaxed);
-        self.stop_hints();
-        // The sink holds a descriptor of the FUSE session: let it go with the session.
-        self.files.set_page_sink(None);
-        self.fetcher.shutdown();
-        self.files.stop();
-        self.store.set_on_complete(None);
-        lock(&self.verify).take();
-        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-
-    /// Whether [`shutdown`](Self::shutdown) (or [`abandon`](Self::abandon)) has begun.
-    pub fn stopped(&self) -> bool {
-        self.stop.load(Relaxed)
-    }
-
-    /// Lets in-order readers be served from pages pushed through `sink` ([`crate::walk`]).
-    pub fn set_page_sink(&self, sink: Option<Arc<dyn crate::sink::PageSink>>) {
-        self.files.set_page_sink(sink);
-    }
-
     /// Whether metadata is re-checked while mounted (`--revalidate`) instead of a snapshot
     /// served as taken.
     pub fn revalidating(&self) -> bool {
         self.cfg.revalidate.is_some()
-    }
-
-    /// Whether streaming readers of large files get the file pushed ahead of them
-    /// ([`crate::stream`]; off by default).
-    pub fn set_push_ahead(&self, on: bool) {
-        self.files.set_push_ahead(on);
     }
 
     /// Whether a request about inode `ino` (or, with `name`, about its child `name`) may render
@@ -620,52 +345,31 @@ impl FsCore {
         let scan = self.snapshot.scan_stats();
         s.metadata_requests = scan.requests;
         s.snapshot_entries = self.snapshot.len() as u64;
-        s.snapshot = self.origin.to_string();
+        s.snapshot = self.origin.as_str().to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
-        s.direct_pins = self.direct_pins() as u64;
+        s.direct_pins = self.direct.direct_pins() as u64;
         s
     }
 
-    /// The source files ([`crate::hints`] prefetches and pushes through them).
-    pub(crate) fn files(&self) -> &Arc<Files> {
-        &self.files
+    /// Applies one hint line as the socket's worker does (views render where a running hint
+    /// socket renders them): the bytes it names, or why it was ignored ([`crate::hints`]).
+    pub fn hint(&self, line: &[u8]) -> Result<u64, Rejected> {
+        let on = lock(&self.hint_server)
+            .as_ref()
+            .map(HintServer::renderer)
+            .unwrap_or_default();
+        self.hints.hint(line, &on)
     }
 
-    /// The cache directory (private to the user: the hint socket lives there).
-    pub(crate) fn cache_dir(&self) -> &Path {
-        &self.cfg.cache_dir
+    /// Pushes the pending hinted blocks that are cached now, drops those waited on too long;
+    /// how many were pushed.
+    pub fn push_hinted(&self) -> usize {
+        self.hints.push_hinted()
     }
 
-    /// The inode number of view file `rel` (under `.npy/`).
-    pub(crate) fn view_ino(&self, rel: &Path) -> u64 {
-        self.inodes.ino(Virtual::ViewFile(rel.to_path_buf()))
-    }
-
-    /// The `.npy/` views, prepared on first use (from the snapshot: no source listing).
-    pub(crate) fn views(&self) -> Result<Arc<Views>, FsError> {
-        let mut slot = lock(&self.views);
-        if let Some(v) = slot.as_ref() {
-            return Ok(v.clone());
-        }
-        let loaded = std::mem::take(&mut *lock(&self.loaded_views));
-        let v = Views::new(
-            self.snapshot.clone(),
-            self.files.clone(),
-            ViewOptions {
-                image_size: self.cfg.image_size,
-                strict: self.cfg.strict_views,
-                // One budget for the daemon: FUSE threads and the background renderer share it.
-                decode: stagefs_views::image::DecodeSettings {
-                    fast: self.cfg.fast_decode,
-                    max_pixels: self.cfg.max_image_pixels,
-                    budget: stagefs_views::image::DecodeBudget::new(self.cfg.decode_budget),
-                },
-                ..ViewOptions::default()
-            },
-            loaded,
-        )?;
-        *slot = Some(v.clone());
-        Ok(v)
+    /// Direct descriptors pinned now, by all connections ([`crate::direct`]).
+    pub fn direct_pins(&self) -> usize {
+        self.direct.direct_pins()
     }
 
     fn node(&self, ino: u64) -> Result<Node, FsError> {
@@ -775,7 +479,7 @@ impl FsCore {
                 Ok(self.virtual_attr(ino, FileKind::Dir, 0, None))
             }
             Node::Virtual(Virtual::ViewDir(rel) | Virtual::ViewFile(rel)) => {
-                let views = self.views()?;
+                let views = self.views.get()?;
                 let kind = views.stat(&rel)?;
                 Ok(self.view_attr(ino, &rel, kind, &views))
             }
@@ -804,7 +508,7 @@ impl FsCore {
             Node::Virtual(Virtual::ControlDir) => Err(FsError::NotFound),
             Node::Virtual(Virtual::Stats | Virtual::ViewFile(_)) => Err(FsError::NotDir),
             Node::Virtual(Virtual::ViewDir(rel)) => {
-                let views = self.views()?;
+                let views = self.views.get()?;
                 let child = rel.join(name);
                 let kind = views.stat(&child)?;
                 Ok(self.view_node(child, kind, &views))
@@ -890,7 +594,7 @@ impl FsCore {
                         vec![(STATS_FILE.into(), self.getattr(ino)?)]
                     }
                     Virtual::ViewDir(rel) => {
-                        let views = self.views()?;
+                        let views = self.views.get()?;
                         views
                             .read_dir(&rel)?
                             .into_iter()
@@ -943,7 +647,7 @@ impl FsCore {
                 }
                 let state = self.files.state(id, &attr)?;
                 self.files.opened(id, attr.size);
-                let pt = if passthrough && attr.size > SMALL_FILE {
+                let pt = if passthrough && is_large(attr.size) {
                     self.passthrough_file(state.entry)
                 } else {
                     None
@@ -968,9 +672,12 @@ impl FsCore {
             ),
             Node::Virtual(Virtual::ControlDir | Virtual::ViewDir(_)) => return Err(FsError::IsDir),
             // Views are immutable for the life of the mount: keep the kernel's pages.
-            Node::Virtual(Virtual::ViewFile(rel)) => {
-                (Handle::View(self.views()?.open(&rel)?), true, false, None)
-            }
+            Node::Virtual(Virtual::ViewFile(rel)) => (
+                Handle::View(self.views.get()?.open(&rel)?),
+                true,
+                false,
+                None,
+            ),
         };
         let fh = self.next_fh.fetch_add(1, Relaxed);
         lock(&self.handles).insert(fh, Arc::new(handle));
@@ -990,17 +697,9 @@ impl FsCore {
             return Some(f);
         }
         if self.store.is_complete(id) {
-            self.queue_verify(id);
+            self.verify.queue(id);
         }
         None
-    }
-
-    /// Queues complete entry `id` for verification in the background (dropped if the queue
-    /// is full: a later open queues it again).
-    pub(crate) fn queue_verify(&self, id: EntryId) {
-        if let Some(tx) = lock(&self.verify).as_ref() {
-            let _ = tx.try_send(id);
-        }
     }
 
     /// Reads up to `size` bytes at `offset` through handle `fh` (0: no handle, for kernels
@@ -1048,7 +747,7 @@ impl FsCore {
                 let v = match known {
                     Some(v) => v,
                     None => {
-                        let v = self.views()?.open(&rel)?;
+                        let v = self.views.get()?.open(&rel)?;
                         lock(&self.views_by_ino).put(ino, v.clone());
                         v
                     }
@@ -1060,7 +759,7 @@ impl FsCore {
     }
 
     fn read_view(&self, v: &Arc<OpenView>, offset: u64, size: u32) -> Result<ReadData, FsError> {
-        let views = self.views()?;
+        let views = self.views.get()?;
         Ok(views.read(v, offset, size as usize).inspect_err(|e| {
             let msg = format!("view read failed: {e}");
             if !self.stats.has_error(&msg) {
@@ -1083,39 +782,14 @@ impl FsCore {
     }
 
     /// The stats file as a reader without a handle sees it: one rendering shared by the
-    /// `getattr` that gives its size and the reads that follow, made afresh once it is
-    /// [`STATS_VIEW_AGE`] old. Without opens the kernel asks for attributes before each read
-    /// call and may split one call into several reads: rendering per request would hand a
-    /// reader the size of one rendering and bytes of others.
+    /// `getattr` that gives its size and the reads that follow ([`StatsFile`]).
     fn stats_view(&self) -> (SystemTime, Arc<[u8]>) {
-        let mut v = lock(&self.stats_view);
-        if let Some((at, taken, bytes, served)) = &mut *v {
-            let age = at.elapsed();
-            let reading = served.elapsed() < STATS_VIEW_IDLE;
-            if age < STATS_VIEW_AGE || (reading && age < STATS_VIEW_MAX_AGE) {
-                *served = Instant::now();
-                return (*taken, bytes.clone());
-            }
-        }
-        let mut json = self.stats_json().into_bytes();
-        // Padded to a whole unit with spaces before the final newline (still valid JSON).
-        json.pop();
-        let size = (json.len() + 1).div_ceil(STATS_FILE_UNIT) * STATS_FILE_UNIT;
-        json.resize(size - 1, b' ');
-        json.push(b'\n');
-        let bytes: Arc<[u8]> = json.into();
-        let taken = SystemTime::now();
-        let now = Instant::now();
-        *v = Some((now, taken, bytes.clone(), now));
-        (taken, bytes)
+        self.stats_file.view(|| self.stats_json())
     }
 
     /// The stats file's contents.
     pub fn stats_json(&self) -> String {
-        let mut s = serde_json::to_string_pretty(&self.snapshot())
-            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-        s.push('\n');
-        s
+        crate::control::render(&self.snapshot())
     }
 
     /// The source directory.

@@ -388,7 +388,7 @@ impl Filesystem for FuseFs {
             && self
                 .core
                 .getattr(ino.0)
-                .is_ok_and(|a| a.size > stagefs_prefetch::staging::SMALL_FILE)
+                .is_ok_and(|a| crate::files::is_large(a.size))
         {
             fopen = FopenFlags::FOPEN_DIRECT_IO;
         }

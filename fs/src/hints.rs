@@ -40,6 +40,13 @@
 //! rendered on the view pool ([`crate::offload`]) so they are cached, then pushed by a pusher
 //! thread of this module — never by a pool thread: a push waits for the page locks of reads in
 //! flight, and the replies to view reads come from the pool. Everything stops with the mount.
+//!
+//! **Parts.** The service ([`HintService`]) is built with the mount, before the socket: lines
+//! can be applied without it ([`HintService::hint`], on the caller's thread). It gets the
+//! mount's [`MountHandle`], its views, its inode numbers (pushes to a view go to its inode)
+//! and the direct service that answers `direct_open` lines, not the core. The socket, its
+//! threads and where views render ([`Renderer`]) make up a [`HintServer`], started once the
+//! kernel session runs and stopped with the mount.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, ErrorKind, Read};
@@ -55,7 +62,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
-use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{block_count, EntryId, FileKind, BLOCK_SIZE};
 use tracing::{debug, warn};
 
@@ -65,11 +71,16 @@ pub use stagefs_protocol::{
 };
 use stagefs_protocol::{parse_request, Reply, Request};
 
+/// At most one log line per this interval about rejected hints.
+pub use crate::handle::LOG_EVERY;
+
 use crate::control::VIEW_DIR;
-use crate::direct::{DirectPins, Refusal};
-use crate::fscore::FsCore;
+use crate::direct::{DirectPins, DirectService, Refusal};
+use crate::files::is_large;
+use crate::handle::MountHandle;
+use crate::inode::{InodeTable, Virtual};
 use crate::offload::Offload;
-use crate::views::OpenView;
+use crate::views::{MountViews, OpenView};
 use stagefs_prefetch::locks::lock;
 
 /// Lines waiting for the worker.
@@ -80,8 +91,6 @@ pub const PENDING: usize = 4096;
 pub const PENDING_AGE: Duration = Duration::from_secs(30);
 /// Hinted view renders on the view pool at once.
 pub const RENDERS: usize = 8;
-/// At most one log line per this interval about rejected hints.
-pub const LOG_EVERY: Duration = Duration::from_secs(1);
 /// Views kept open by the worker (one per file a loader reads).
 const OPEN_VIEWS: usize = 64;
 /// Blocks remembered as pushed, so a row range hinted twice is not pushed twice.
@@ -113,19 +122,34 @@ struct PendingBlocks {
     known: HashSet<(EntryId, u64)>,
 }
 
-/// The hint state a mount keeps.
-pub struct HintState {
+/// The read-order hint service of a mount (see the module docs).
+pub struct HintService {
+    mount: MountHandle,
+    /// The `.npy/` views, for hints naming one.
+    views: Arc<MountViews>,
+    /// Inode numbers, for pushes into a view's pages.
+    inodes: Arc<InodeTable>,
+    /// Answers the `direct_open` and `direct_close` lines of the socket's clients.
+    direct: Arc<DirectService>,
     pending: Mutex<PendingBlocks>,
     pushed: Mutex<LruCache<(EntryId, u64), ()>>,
-    views: Mutex<LruCache<PathBuf, Arc<OpenView>>>,
-    /// Renders on the pool (`None`: render on the worker's own thread).
-    pool: Mutex<Option<Offload>>,
+    /// Views opened for hints, by path under `.npy/`.
+    open_views: Mutex<LruCache<PathBuf, Arc<OpenView>>>,
+    /// Hinted renders on the view pool now.
     renders: Arc<AtomicUsize>,
     last_log: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
-    server: Mutex<Option<Server>>,
+}
+
+/// Where hinted view pieces are rendered and who pushes them. By default on the thread that
+/// applies the hint, which pushes them too; a running [`HintServer`] renders on the view pool
+/// and pushes from its pusher thread.
+#[derive(Clone, Default)]
+pub struct Renderer {
+    /// Renders on the pool (`None`: on the thread applying the hint).
+    pool: Option<Offload>,
     /// Rendered view pieces for the view pusher thread (`None`: pushed by the render job).
-    view_pushes: Mutex<Option<SyncSender<ViewPush>>>,
+    pushes: Option<SyncSender<ViewPush>>,
 }
 
 /// Rendered bytes of view inode `ino` at `offset`, to push.
@@ -135,25 +159,8 @@ struct ViewPush {
     data: crate::files::ReadData,
 }
 
-impl Default for HintState {
-    fn default() -> Self {
-        let n = |k: usize| NonZeroUsize::new(k).unwrap_or(NonZeroUsize::MIN);
-        HintState {
-            pending: Mutex::new(PendingBlocks::default()),
-            pushed: Mutex::new(LruCache::new(n(PUSHED))),
-            views: Mutex::new(LruCache::new(n(OPEN_VIEWS))),
-            pool: Mutex::new(None),
-            renders: Arc::new(AtomicUsize::new(0)),
-            last_log: Mutex::new(None),
-            unlogged: AtomicU64::new(0),
-            server: Mutex::new(None),
-            view_pushes: Mutex::new(None),
-        }
-    }
-}
-
-/// The running socket server.
-struct Server {
+/// The running socket server: stopped by [`HintServer::stop`].
+pub struct HintServer {
     path: PathBuf,
     /// Where to connect to wake the listener (the path, or its `/proc/self/fd` form).
     addr: PathBuf,
@@ -165,14 +172,39 @@ struct Server {
     waker: UnixListener,
     /// Keeps the `/proc/self/fd/N` form of the address valid.
     _dir: Option<std::fs::File>,
+    /// Where the worker renders views (for [`HintServer::renderer`]).
+    renderer: Renderer,
 }
 
-impl FsCore {
-    /// Applies one hint line (as the socket's worker does): the bytes it names, or why it was
-    /// ignored. Counted in the stats either way; a rejection is logged (rate-limited).
-    pub fn hint(&self, line: &[u8]) -> Result<u64, Rejected> {
-        let stats = self.stats();
-        match parse(line).and_then(|h| self.apply_hint(&h)) {
+impl HintService {
+    /// The service of the mount `mount`, with its views, inode numbers and direct service.
+    pub fn new(
+        mount: MountHandle,
+        views: Arc<MountViews>,
+        inodes: Arc<InodeTable>,
+        direct: Arc<DirectService>,
+    ) -> HintService {
+        let n = |k: usize| NonZeroUsize::new(k).unwrap_or(NonZeroUsize::MIN);
+        HintService {
+            mount,
+            views,
+            inodes,
+            direct,
+            pending: Mutex::new(PendingBlocks::default()),
+            pushed: Mutex::new(LruCache::new(n(PUSHED))),
+            open_views: Mutex::new(LruCache::new(n(OPEN_VIEWS))),
+            renders: Arc::new(AtomicUsize::new(0)),
+            last_log: Mutex::new(None),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    /// Applies one hint line (as the socket's worker does), rendering views as `on` says:
+    /// the bytes it names, or why it was ignored. Counted in the stats either way; a rejection
+    /// is logged (rate-limited).
+    pub fn hint(&self, line: &[u8], on: &Renderer) -> Result<u64, Rejected> {
+        let stats = self.mount.stats();
+        match parse(line).and_then(|h| self.apply_hint(&h, on)) {
             Ok(bytes) => {
                 stats.hints_accepted.fetch_add(1, Relaxed);
                 stats.hint_bytes.fetch_add(bytes, Relaxed);
@@ -187,17 +219,17 @@ impl FsCore {
     }
 
     fn log_rejected(&self, e: &Rejected) {
-        let mut last = lock(&self.hints.last_log);
+        let mut last = lock(&self.last_log);
         if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
-            self.hints.unlogged.fetch_add(1, Relaxed);
+            self.unlogged.fetch_add(1, Relaxed);
             return;
         }
         *last = Some(Instant::now());
-        let also = self.hints.unlogged.swap(0, Relaxed);
+        let also = self.unlogged.swap(0, Relaxed);
         warn!(reason = %e, unlogged_since = also, "read-order hint ignored");
     }
 
-    fn apply_hint(&self, h: &Hint) -> Result<u64, Rejected> {
+    fn apply_hint(&self, h: &Hint, on: &Renderer) -> Result<u64, Rejected> {
         let rel = Path::new(&h.path);
         let mut parts = rel.components();
         let first = parts.next().map(|c| c.as_os_str());
@@ -205,17 +237,17 @@ impl FsCore {
             if h.scope.is_some() {
                 return Ok(0); // Views are rendered on demand: there is no part to stage.
             }
-            return self.hint_view(h, parts.as_path());
+            return self.hint_view(h, parts.as_path(), on);
         }
         let unknown = || Rejected::Unknown(h.path.clone());
-        let snap = self.snapshot_ref();
+        let snap = self.mount.snapshot_ref();
         let node = snap.resolve(rel).ok().flatten().ok_or_else(unknown)?;
         let attr = snap.attr(node).ok_or_else(unknown)?;
         if attr.kind != FileKind::File {
             return Err(unknown());
         }
         let total = check_ranges(h, attr.size)?;
-        let files = self.files();
+        let files = self.mount.files();
         if let Some(generation) = h.scope {
             if files.scope().add(node, generation, &h.ranges) {
                 // The tree stager's queued blocks may lie outside the part: drop them (the
@@ -225,10 +257,10 @@ impl FsCore {
             return Ok(total);
         }
         let state = files.state(node, &attr).map_err(|_| unknown())?;
-        let store = self.store();
+        let store = self.mount.store();
         let ino = crate::inode::source_ino(node);
         let sink = files.page_sink();
-        let mut pending = lock(&self.hints.pending);
+        let mut pending = lock(&self.pending);
         for &(offset, len) in &h.ranges {
             if len == 0 {
                 continue;
@@ -236,7 +268,7 @@ impl FsCore {
             files.prefetch_bytes(&state, offset..offset + len);
             // Pushed only when a kernel is there to take pages; small files go whole through
             // the walker, which pushes files, not blocks.
-            if sink.is_none() || attr.size <= SMALL_FILE {
+            if sink.is_none() || !is_large(attr.size) {
                 continue;
             }
             let n = block_count(attr.size);
@@ -260,10 +292,10 @@ impl FsCore {
 
     /// Offers block `slot` to the pushers unless it was pushed lately.
     fn push_block(&self, ino: u64, entry: EntryId, size: u64, slot: u64) {
-        if lock(&self.hints.pushed).put((entry, slot), ()).is_some() {
+        if lock(&self.pushed).put((entry, slot), ()).is_some() {
             return;
         }
-        self.files().offer_push(crate::stream::Push::Blocks {
+        self.mount.files().offer_push(crate::stream::Push::Blocks {
             ino,
             entry,
             size,
@@ -275,9 +307,9 @@ impl FsCore {
     /// Pushes the pending hinted blocks that are cached now, drops those waited on too long;
     /// how many were pushed.
     pub fn push_hinted(&self) -> usize {
-        let store = self.store();
+        let store = self.mount.store();
         let ready: Vec<Pending> = {
-            let mut pending = lock(&self.hints.pending);
+            let mut pending = lock(&self.pending);
             let mut ready = Vec::new();
             let PendingBlocks { queue, known } = &mut *pending;
             queue.retain(|p| {
@@ -301,13 +333,13 @@ impl FsCore {
 
     /// Whether hinted source blocks wait to be cached.
     fn hints_pending(&self) -> bool {
-        !lock(&self.hints.pending).queue.is_empty()
+        !lock(&self.pending).queue.is_empty()
     }
 
-    fn hint_view(&self, h: &Hint, rel: &Path) -> Result<u64, Rejected> {
+    fn hint_view(&self, h: &Hint, rel: &Path, on: &Renderer) -> Result<u64, Rejected> {
         let unknown = || Rejected::Unknown(h.path.clone());
-        let views = self.views().map_err(|_| unknown())?;
-        let known = lock(&self.hints.views).get(rel).cloned();
+        let views = self.views.get().map_err(|_| unknown())?;
+        let known = lock(&self.open_views).get(rel).cloned();
         let v = match known {
             Some(v) => v,
             None => {
@@ -316,13 +348,12 @@ impl FsCore {
                     _ => return Err(unknown()),
                 }
                 let v = views.open(rel).map_err(|_| unknown())?;
-                lock(&self.hints.views).put(rel.to_path_buf(), v.clone());
+                lock(&self.open_views).put(rel.to_path_buf(), v.clone());
                 v
             }
         };
         let total = check_ranges(h, v.len())?;
-        let ino = self.view_ino(rel);
-        let pool = lock(&self.hints.pool).clone();
+        let ino = self.inodes.ino(Virtual::ViewFile(rel.to_path_buf()));
         // Whole pages, so the kernel keeps every page pushed (the last may end the file), in
         // pieces of at most VIEW_PIECE so a job's buffer stays small.
         let pieces = h
@@ -340,9 +371,9 @@ impl FsCore {
                     .map(move |at| (at, (at + VIEW_PIECE).min(hi)))
             });
         for (lo, hi) in pieces {
-            let (views, v, sink) = (views.clone(), v.clone(), self.files().page_sink());
-            let stats = self.stats().clone();
-            let pushes = lock(&self.hints.view_pushes).clone();
+            let (views, v, sink) = (views.clone(), v.clone(), self.mount.files().page_sink());
+            let stats = self.mount.stats().clone();
+            let pushes = on.pushes.clone();
             let job = move || {
                 // Errors reach readers of those bytes through their own reads.
                 let Ok(data) = views.render(&v, lo, (hi - lo) as usize) else {
@@ -369,11 +400,11 @@ impl FsCore {
                     }
                 }
             };
-            match &pool {
+            match &on.pool {
                 Some(pool) => {
                     // At most RENDERS on the pool: the worker waits (its client with it).
-                    let renders = self.hints.renders.clone();
-                    while renders.load(Relaxed) >= RENDERS && !self.stopped() {
+                    let renders = self.renders.clone();
+                    while renders.load(Relaxed) >= RENDERS && !self.mount.stopped() {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                     renders.fetch_add(1, Relaxed);
@@ -388,11 +419,15 @@ impl FsCore {
         Ok(total)
     }
 
-    /// Starts the hint socket in the cache directory; view renders go to `pool` (the mount's
-    /// view pool; `None`: on the hint worker itself). Returns the socket's path.
-    pub fn start_hints(self: &Arc<Self>, pool: Option<Offload>) -> std::io::Result<PathBuf> {
-        *lock(&self.hints.pool) = pool;
-        let path = self.cache_dir().join(SOCKET_NAME);
+    /// Starts the hint socket in `cache_dir` (the mount's cache directory, private to the
+    /// user); view renders go to `pool` (the mount's view pool; `None`: on the hint worker
+    /// itself). The server runs until [`HintServer::stop`].
+    pub fn start(
+        self: &Arc<Self>,
+        cache_dir: &Path,
+        pool: Option<Offload>,
+    ) -> std::io::Result<HintServer> {
+        let path = cache_dir.join(SOCKET_NAME);
         if let Ok(m) = std::fs::symlink_metadata(&path) {
             if !m.file_type().is_socket() {
                 return Err(std::io::Error::new(
@@ -407,7 +442,7 @@ impl FsCore {
         let (addr, dir) = if path.as_os_str().len() < 100 {
             (path.clone(), None)
         } else {
-            let d = std::fs::File::open(self.cache_dir())?;
+            let d = std::fs::File::open(cache_dir)?;
             let fd = std::os::fd::AsRawFd::as_raw_fd(&d);
             (
                 PathBuf::from(format!("/proc/self/fd/{fd}/{SOCKET_NAME}")),
@@ -422,11 +457,12 @@ impl FsCore {
         let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
         let me = Arc::downgrade(self);
         let (ptx, prx) = sync_channel::<ViewPush>(VIEW_PUSHES);
-        let (files, stats) = (self.files().clone(), self.stats().clone());
+        let (files, stats) = (self.mount.files().clone(), self.mount.stats().clone());
         let pusher = std::thread::Builder::new()
             .name("stagefs-hint-push".into())
             .spawn(move || {
-                // Ends when the last sender goes (stop_hints, then the render jobs in flight).
+                // Ends when the last sender goes (the server's and the worker's at stop, then
+                // the render jobs in flight).
                 for p in prx {
                     let Some(sink) = files.page_sink() else {
                         continue;
@@ -437,59 +473,78 @@ impl FsCore {
                     }
                 }
             })?;
-        *lock(&self.hints.view_pushes) = Some(ptx);
         lock(&threads).push(pusher);
+        let renderer = Renderer {
+            pool,
+            pushes: Some(ptx),
+        };
+        let on = renderer.clone();
         let worker = std::thread::Builder::new()
             .name("stagefs-hints".into())
-            .spawn(move || work(&me, &rx))?;
+            .spawn(move || work(&me, &rx, &on))?;
         lock(&threads).push(worker);
-        let (stop2, threads2, me) = (stop.clone(), threads.clone(), Arc::downgrade(self));
+        let (stop2, threads2) = (stop.clone(), threads.clone());
+        let direct = Arc::downgrade(&self.direct);
         let listen = std::thread::Builder::new()
             .name("stagefs-hint-listen".into())
-            .spawn(move || listen(listener, &me, &tx, &stop2, &threads2))?;
+            .spawn(move || listen(listener, &direct, &tx, &stop2, &threads2))?;
         lock(&threads).push(listen);
-        *lock(&self.hints.server) = Some(Server {
-            path: path.clone(),
+        Ok(HintServer {
+            path,
             addr,
             stop,
             threads,
             waker,
             _dir: dir,
-        });
-        Ok(path)
+            renderer,
+        })
+    }
+}
+
+impl HintServer {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
-    /// The hint socket, while it runs.
-    pub fn hint_socket(&self) -> Option<PathBuf> {
-        lock(&self.hints.server).as_ref().map(|s| s.path.clone())
+    /// Where the server's worker renders views: lines applied elsewhere while it runs render
+    /// there too.
+    pub fn renderer(&self) -> Renderer {
+        self.renderer.clone()
     }
 
-    /// Stops the hint server (if any) and removes its socket.
-    pub(crate) fn stop_hints(&self) {
-        let Some(s) = lock(&self.hints.server).take() else {
-            return;
-        };
-        s.stop.store(true, Relaxed);
-        // The view pusher ends once this and the render jobs' senders are gone.
-        lock(&self.hints.view_pushes).take();
+    /// Stops the server and removes its socket; called once the mount is stopping (a worker
+    /// waiting for room on the view pool gives up then).
+    pub fn stop(self) {
+        let HintServer {
+            path,
+            addr,
+            stop,
+            threads,
+            waker,
+            _dir,
+            renderer,
+        } = self;
+        stop.store(true, Relaxed);
+        // The view pusher ends once this, the worker's and the render jobs' senders are gone.
+        drop(renderer);
         // Wakes the listener out of accept(): shutdown makes a blocked accept() fail at once,
         // whatever became of the socket's path; the connect is for kernels that would not.
-        // SAFETY: shutdown on a descriptor the listener owns (kept open by `s.waker`).
+        // SAFETY: shutdown on a descriptor the listener owns (kept open by `waker`).
         unsafe {
-            libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&s.waker), libc::SHUT_RDWR);
+            libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&waker), libc::SHUT_RDWR);
         }
-        let _ = UnixStream::connect(&s.addr);
-        let threads: Vec<_> = lock(&s.threads).drain(..).collect();
-        for t in threads {
+        let _ = UnixStream::connect(&addr);
+        let joining: Vec<_> = lock(&threads).drain(..).collect();
+        for t in joining {
             let _ = t.join();
         }
         // Threads of clients that connected while we joined.
-        let late: Vec<_> = lock(&s.threads).drain(..).collect();
+        let late: Vec<_> = lock(&threads).drain(..).collect();
         for t in late {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&s.path);
-        lock(&self.hints.pool).take();
+        let _ = std::fs::remove_file(&path);
     }
 }
 
@@ -510,8 +565,9 @@ fn check_ranges(h: &Hint, size: u64) -> Result<u64, Rejected> {
     Ok(total)
 }
 
-/// The worker: applies lines in order, and pushes hinted blocks as they get cached.
-fn work(core: &Weak<FsCore>, rx: &Receiver<Vec<u8>>) {
+/// The worker: applies lines in order (views rendered as `on` says), and pushes hinted blocks
+/// as they get cached.
+fn work(core: &Weak<HintService>, rx: &Receiver<Vec<u8>>, on: &Renderer) {
     loop {
         let wait = match core.upgrade() {
             Some(c) if c.hints_pending() => Duration::from_millis(2),
@@ -522,7 +578,7 @@ fn work(core: &Weak<FsCore>, rx: &Receiver<Vec<u8>>) {
         let Some(c) = core.upgrade() else { return };
         match got {
             Ok(line) => {
-                let _ = c.hint(&line);
+                let _ = c.hint(&line, on);
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -533,7 +589,7 @@ fn work(core: &Weak<FsCore>, rx: &Receiver<Vec<u8>>) {
 
 fn listen(
     listener: UnixListener,
-    core: &Weak<FsCore>,
+    direct: &Weak<DirectService>,
     tx: &SyncSender<Vec<u8>>,
     stop: &Arc<AtomicBool>,
     threads: &Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -549,11 +605,11 @@ fn listen(
             continue;
         }
         clients.fetch_add(1, Relaxed);
-        let (tx, stop, n, core) = (tx.clone(), stop.clone(), clients.clone(), core.clone());
+        let (tx, stop, n, direct) = (tx.clone(), stop.clone(), clients.clone(), direct.clone());
         let spawned = std::thread::Builder::new()
             .name("stagefs-hint-conn".into())
             .spawn(move || {
-                client(conn, &core, &tx, &stop);
+                client(conn, &direct, &tx, &stop);
                 n.fetch_sub(1, Relaxed);
             });
         match spawned {
@@ -572,7 +628,12 @@ fn listen(
 
 /// Reads one client's lines (each at most [`MAX_LINE`]): answers direct opens and closes on
 /// this thread, queues hints for the worker. The connection's pins go with it.
-fn client(conn: UnixStream, core: &Weak<FsCore>, tx: &SyncSender<Vec<u8>>, stop: &AtomicBool) {
+fn client(
+    conn: UnixStream,
+    direct: &Weak<DirectService>,
+    tx: &SyncSender<Vec<u8>>,
+    stop: &AtomicBool,
+) {
     // Short timeouts so the thread sees the stop flag; a partial line survives them. A client
     // that does not read its replies holds only this thread, for at most REPLY_TIMEOUT a reply.
     if conn.set_read_timeout(Some(TICK)).is_err()
@@ -583,7 +644,7 @@ fn client(conn: UnixStream, core: &Weak<FsCore>, tx: &SyncSender<Vec<u8>>, stop:
         return;
     }
     let Ok(out) = conn.try_clone() else { return };
-    let mut pins = DirectPins::new(core.clone());
+    let mut pins = DirectPins::new(direct.clone());
     let mut r = BufReader::new(conn);
     let mut line = Vec::new();
     let mut skipping = false;
@@ -617,7 +678,7 @@ fn client(conn: UnixStream, core: &Weak<FsCore>, tx: &SyncSender<Vec<u8>>, stop:
             continue;
         }
         if !skipping {
-            match direct(&msg, core, &mut pins, &out) {
+            match answer_direct(&msg, direct, &mut pins, &out) {
                 Direct::Done => continue,
                 Direct::Hint => {}
                 Direct::Gone => return,
@@ -638,7 +699,7 @@ fn client(conn: UnixStream, core: &Weak<FsCore>, tx: &SyncSender<Vec<u8>>, stop:
     debug!("read-order hint client stopped with the mount");
 }
 
-/// What [`direct`] made of a line.
+/// What [`answer_direct`] made of a line.
 enum Direct {
     /// A direct open or close, answered.
     Done,
@@ -650,7 +711,12 @@ enum Direct {
 
 /// Answers `line` if it is a direct open or close; a malformed direct open gets a refusal, so
 /// its client does not wait for a reply that never comes.
-fn direct(line: &[u8], core: &Weak<FsCore>, pins: &mut DirectPins, out: &UnixStream) -> Direct {
+fn answer_direct(
+    line: &[u8],
+    direct: &Weak<DirectService>,
+    pins: &mut DirectPins,
+    out: &UnixStream,
+) -> Direct {
     // Hints (the bulk of the lines) have no "op": parsed once, by the worker.
     if !line.windows(4).any(|w| w == b"\"op\"") {
         return Direct::Hint;
@@ -668,7 +734,7 @@ fn direct(line: &[u8], core: &Weak<FsCore>, pins: &mut DirectPins, out: &UnixStr
         Err(_) if stagefs_protocol::is_direct_open(line) => None,
         Err(_) => return Direct::Hint,
     };
-    let Some(c) = core.upgrade() else {
+    let Some(c) = direct.upgrade() else {
         return Direct::Gone;
     };
     let (reply, fd) = match open {

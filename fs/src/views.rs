@@ -14,6 +14,9 @@
 //! them ready; opening, a `stat` or a header read render nothing more (opening a view used to
 //! render all of it: 14 MB of 1×1 PNGs became 30 GB of scratch). Units that render to zeros
 //! (damaged or empty images) are remembered in memory instead of being stored.
+//!
+//! A mount's views are prepared on their first use ([`MountViews`]), not at mount: most mounts
+//! never open `.npy/`, and preparing reads the view set's metadata from the snapshot.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -34,6 +37,7 @@ use stagefs_views::{
 };
 use tracing::{debug_span, warn};
 
+use crate::error::FsError;
 use crate::files::{Files, ReadData};
 use crate::snapshot::{NodeAttr, Snapshot, ROOT};
 use stagefs_prefetch::locks::lock;
@@ -223,6 +227,54 @@ impl OpenView {
     /// Whether the view is empty.
     pub fn is_empty(&self) -> bool {
         self.units.len == 0
+    }
+}
+
+/// A mount's views, prepared on first use and shared by the request path and the read-order
+/// hints ([`crate::hints`]).
+pub struct MountViews {
+    snapshot: Arc<Snapshot>,
+    files: Arc<Files>,
+    opts: ViewOptions,
+    /// The views once prepared.
+    ready: Mutex<Option<Arc<Views>>>,
+    /// View entries an earlier mount left in the cache, until the views take them.
+    loaded: Mutex<Vec<(LoadedEntry, Vec<u8>)>>,
+}
+
+impl MountViews {
+    /// The views of `snapshot` over `files`, rendered with `opts`; nothing is prepared yet.
+    pub fn new(snapshot: Arc<Snapshot>, files: Arc<Files>, opts: ViewOptions) -> MountViews {
+        MountViews {
+            snapshot,
+            files,
+            opts,
+            ready: Mutex::new(None),
+            loaded: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Hands over the view entries an earlier mount left in the cache (bound once the listing
+    /// is complete), for the views to reuse when they are prepared.
+    pub fn set_loaded(&self, loaded: Vec<(LoadedEntry, Vec<u8>)>) {
+        *lock(&self.loaded) = loaded;
+    }
+
+    /// The views, prepared on first use (from the snapshot: no source listing).
+    pub fn get(&self) -> Result<Arc<Views>, FsError> {
+        let mut slot = lock(&self.ready);
+        if let Some(v) = slot.as_ref() {
+            return Ok(v.clone());
+        }
+        let loaded = std::mem::take(&mut *lock(&self.loaded));
+        let v = Views::new(
+            self.snapshot.clone(),
+            self.files.clone(),
+            self.opts.clone(),
+            loaded,
+        )?;
+        *slot = Some(v.clone());
+        Ok(v)
     }
 }
 

@@ -31,11 +31,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use lru::LruCache;
-use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{block_count, FileKind, Priority, BLOCK_SIZE};
 use tracing::{debug, debug_span};
 
-use crate::files::Files;
+use crate::files::{is_large, Files};
 use crate::sink::PageSink;
 use crate::snapshot::{NodeAttr, NodeId};
 
@@ -121,7 +120,7 @@ fn run(files: &Files, rx: Receiver<NodeId>, count: usize) {
 
 /// Small regular files only: large ones have their own read-ahead.
 fn small_file(attr: &NodeAttr) -> bool {
-    attr.kind == FileKind::File && attr.size > 0 && attr.size <= SMALL_FILE
+    attr.kind == FileKind::File && attr.size > 0 && !is_large(attr.size)
 }
 
 fn prefetch(files: &Files, id: NodeId, attr: &NodeAttr) {
