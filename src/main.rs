@@ -58,7 +58,13 @@ fn main() {
         Command::Index(args) => cli::index::run(args),
         Command::Umount(args) => cli::mount::umount(args),
         Command::Stat(args) => cli::stat::run(args),
-        Command::Convert(args) => cli::convert::run(args),
+        Command::Convert(args) => {
+            cli::logging::init("warn");
+            match args.to {
+                cli::convert::Target::Npy => cli::convert_npy::run(&args),
+                cli::convert::Target::Parquet => cli::convert_parquet::run(&args),
+            }
+        }
         Command::Sync(args) => cli::sync::run(args),
         Command::Run(args) => cli::run::run(args),
         Command::Stream(args) => cli::stream::run(args),

@@ -24,10 +24,11 @@
 //! and in all ([`MAX_PINS_PER_CONNECTION`], [`MAX_PINS`]): past a bound the reply is
 //! [`Refusal::PinsFull`].
 //!
-//! **Counted** in the stats: `direct_opens`, `direct_refused`, `bytes_direct` (the file's size
-//! per grant: the daemon does not see the reads). Refusals that only a broken or hostile
-//! client causes (bad path, malformed, pins full) are logged at warn, at most one line per
-//! [`crate::handle::LOG_EVERY`]; the ordinary ones (not staged yet, small, ...) at debug.
+//! **Counted** in the stats: `direct_opens`, `direct_refused` (and `direct_refused_by`,
+//! per reason), `bytes_direct` (the file's size per grant: the daemon does not see the
+//! reads). Refusals that only a broken or hostile client causes (bad path, malformed, pins
+//! full) are logged at warn, at most one line per [`crate::handle::LOG_EVERY`]; the ordinary
+//! ones (not staged yet, small, ...) at debug.
 //!
 //! The service ([`DirectService`]) gets the mount's [`MountHandle`], the verification queue
 //! and whether the mount revalidates: what a grant needs, not the core.
@@ -158,7 +159,7 @@ impl DirectService {
 
     /// Counts and logs a refusal (also for requests that never reached [`Self::direct_open`]).
     pub fn refused(&self, path: &str, r: Refusal) {
-        self.mount.stats().direct_refused.fetch_add(1, Relaxed);
+        self.mount.stats().count_refusal(r.code());
         let path: String = path.chars().take(200).collect();
         if !matches!(r, Refusal::BadPath | Refusal::Malformed | Refusal::PinsFull) {
             debug!(path, reason = %r, "direct open refused");

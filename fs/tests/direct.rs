@@ -158,6 +158,20 @@ fn partial_view_small_symlink_directory_control_and_missing_files_get_their_reas
         assert_eq!(refusal(&mut client, rel), want, "{rel}");
     }
     assert_eq!(c.snapshot().direct_refused, cases.len() as u64);
+    // Each reason counted apart: what `stagefs stat` shows a user whose reads went through FUSE.
+    let by = c.snapshot().direct_refused_by;
+    let want: std::collections::BTreeMap<String, u64> = [
+        ("not_staged", 2),
+        ("small", 1),
+        ("symlink", 1),
+        ("not_regular", 2),
+        ("view", 1),
+        ("not_found", 2),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(by, want);
     assert_eq!(c.snapshot().direct_opens, 0);
     assert_eq!(c.direct_pins(), 0);
     c.shutdown();

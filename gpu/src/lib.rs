@@ -52,6 +52,7 @@
 //! ```
 
 pub mod augment;
+pub mod bounds;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -61,6 +62,7 @@ mod error;
 pub mod hints;
 mod host;
 pub mod loader;
+pub mod order;
 pub mod partition;
 pub mod plan;
 mod ring;

@@ -35,15 +35,15 @@ use std::time::{Duration, Instant};
 use stagefs_npy::DType;
 
 use crate::augment::{Geometry, Scratch, Table, Transform};
+use crate::bounds::{check_counts, MAX_BATCH_BYTES};
 use crate::device::{Device, StreamKind};
 use crate::error::StreamError;
 use crate::hints::Hinter;
+pub use crate::order::{epoch_order, epoch_order_from};
 use crate::partition::{node_epoch_order, NodeLayout, Segment};
-use crate::plan::shuffle;
 use crate::ring::{Fill, Ring, Run, Watch};
 use crate::source::Source;
 use crate::stats::{add_since, Stats};
-use crate::streamer::MAX_BATCH_BYTES;
 
 /// Each source's part of a slot starts at a multiple of this many bytes: DLPack asks for
 /// 256-byte aligned tensors, and it covers every element type.
@@ -135,92 +135,6 @@ impl Default for LoaderConfig {
             partition: None,
         }
     }
-}
-
-/// The rows `rank` visits in `epoch`, in order: PyTorch's `DistributedSampler` split.
-///
-/// All `rows` indices (a permutation seeded by `seed` and `epoch` when shuffling), padded by
-/// repeating from the start to a multiple of `world_size` so every rank gets the same number of
-/// rows (DDP ranks must run the same number of steps), then every `world_size`-th index from
-/// `rank`. The permutation is Fisher–Yates over SplitMix64 ([`crate::plan`]), not torch's
-/// generator, so the order is stable across versions and platforms but differs from torch's.
-pub fn epoch_order(
-    rows: u64,
-    shuffle_rows: bool,
-    seed: u64,
-    epoch: u64,
-    rank: u64,
-    world_size: u64,
-) -> Vec<u64> {
-    epoch_order_from(rows, shuffle_rows, seed, epoch, 0, rank, world_size)
-}
-
-/// The rows `rank` visits in the rest of `epoch` once its first `start` positions of the
-/// epoch's permutation were consumed (by all ranks together, under any world size).
-///
-/// The epoch's permutation `P` (as in [`epoch_order`]) is consumed globally in order: with
-/// `world_size` ranks each past `k` batches of `B`, the first `k·B·world_size` positions of the
-/// padded list are done, so a run is described by one number, `start`. The rest, `P[start..]`,
-/// is padded by repeating `P[0..]` (rows already seen this epoch) to a multiple of the (possibly
-/// new) `world_size` and split as `DistributedSampler` splits. With `start = 0` this is
-/// [`epoch_order`]; with an unchanged world size and batch size it continues exactly the
-/// uninterrupted sequence (position `k·B + i` of the old split is position `i` of the new);
-/// with another world size each row of `P[start..]` is visited exactly once across the ranks,
-/// and the padding (fewer than `world_size` rows) repeats `P[0..]`, rows already seen this epoch
-/// once `start >= world_size`.
-pub fn epoch_order_from(
-    rows: u64,
-    shuffle_rows: bool,
-    seed: u64,
-    epoch: u64,
-    start: u64,
-    rank: u64,
-    world_size: u64,
-) -> Vec<u64> {
-    if rows == 0 || world_size == 0 || rank >= world_size || start >= rows {
-        return Vec::new();
-    }
-    let mut all: Vec<u64> = (0..rows).collect();
-    if shuffle_rows {
-        // The same mixing of seed and epoch as the streamer's batch shuffle.
-        shuffle(&mut all, seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407));
-    }
-    let per_rank = (rows - start).div_ceil(world_size);
-    (0..per_rank)
-        .map(|i| all[((start + i * world_size + rank) % rows) as usize])
-        .collect()
-}
-
-/// Most rows an epoch order holds: 2^31 samples (an order costs 8 bytes a row, 16 GiB here),
-/// past any dataset read sample by sample. A header claiming more fails the constructor
-/// instead of an allocation aborting the interpreter.
-pub const MAX_ROWS: u64 = 1 << 31;
-
-/// Most ring slots: 4096 batches in flight is past any use (each slot is a batch of host and
-/// device memory); 2^31 made the ring's queue abort the interpreter.
-pub const MAX_RING: usize = 4096;
-
-/// Most reader threads: 1024, far past the cores of any node.
-pub const MAX_READERS: usize = 1024;
-
-/// Checks the row count and the ring and reader counts against their bounds.
-pub fn check_counts(rows: u64, ring: usize, readers: usize) -> Result<(), StreamError> {
-    if rows > MAX_ROWS {
-        return Err(StreamError::Config(format!(
-            "{rows} rows: more than the {MAX_ROWS} samples an epoch order holds"
-        )));
-    }
-    if ring > MAX_RING {
-        return Err(StreamError::Config(format!(
-            "ring={ring}: at most {MAX_RING} slots"
-        )));
-    }
-    if readers > MAX_READERS {
-        return Err(StreamError::Config(format!(
-            "readers={readers}: at most {MAX_READERS} reader threads"
-        )));
-    }
-    Ok(())
 }
 
 /// One source's part of a batch.

@@ -24,7 +24,7 @@
 //! reads from the source only the foreign chunks it received (at most `q` of the part): an
 //! E-epoch job reads at most `1 + q·(E−1)` datasets in all, plus shared boundary blocks. Chunks are whole runs of rows, not scattered rows, so an
 //! exchanged chunk costs its own bytes and no more: the Loader's chunk is [`CHUNK_BYTES`]. `q = 1` is defined as the `partition="global"` order
-//! ([`crate::loader::epoch_order_from`]) exactly: every node may read every row.
+//! ([`crate::order::epoch_order_from`]) exactly: every node may read every row.
 //!
 //! **Within a node.** The node's rows of the epoch are shuffled (seeded with `(seed, e, slot)`)
 //! or, without shuffling, sorted; the list is padded by repeating it from its start to
@@ -47,7 +47,7 @@
 use std::ops::Range;
 
 use crate::error::StreamError;
-use crate::loader::epoch_order_from;
+use crate::order::epoch_order_from;
 use crate::plan::{shuffle, SplitMix64};
 
 /// Bytes of one exchanged chunk for the Loader: 8 cache blocks of 1 MiB, so a chunk is mostly

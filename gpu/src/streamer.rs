@@ -9,6 +9,7 @@
 //! consumed event on the consumer stream and returns the slot to the ring. Errors stop the
 //! readers and surface at the consumer's next call.
 
+pub use crate::bounds::MAX_BATCH_BYTES;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,10 +24,6 @@ use crate::plan::{plan, PlannedBatch};
 use crate::ring::{Fill, Ring, Run};
 use crate::source::{read_full, Source};
 use crate::stats::{add_since, Stats};
-
-/// The largest batch accepted (bytes): beyond this a single pinned buffer is more than most
-/// hosts can lock, and a smaller batch streams just as fast.
-pub const MAX_BATCH_BYTES: u64 = 16 << 30;
 
 /// How a [`Streamer`] runs.
 #[derive(Clone, Debug)]
@@ -174,7 +171,7 @@ impl<D: Device> Streamer<D> {
                 "the ring needs at least 1 buffer (2 or more to overlap)".into(),
             ));
         }
-        crate::loader::check_counts(0, config.ring, config.readers)?;
+        crate::bounds::check_counts(0, config.ring, config.readers)?;
         let batch_bytes = sources
             .iter()
             .map(|s| s.rows.min(config.batch_rows).checked_mul(s.row_bytes))

@@ -2,7 +2,7 @@
 //! into a JSON snapshot on demand. The error list keeps the most recent [`MAX_ERRORS`] so a bad
 //! dataset cannot grow it without bound.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -39,6 +39,8 @@ pub struct Stats {
     pub direct_opens: AtomicU64,
     /// Direct opens refused (the reader falls back to the mount).
     pub direct_refused: AtomicU64,
+    /// Refused direct opens by reason code (one lock per refusal: an open, not a read).
+    direct_refused_by: Mutex<BTreeMap<&'static str, u64>>,
     /// Bytes of files handed out as direct descriptors (each file's size, per open).
     pub bytes_direct: AtomicU64,
     /// Bytes handed to the kernel's page cache ahead of an in-order reader (pushed from the
@@ -113,6 +115,10 @@ pub struct StatsSnapshot {
     /// Direct opens refused (the reader read through the mount instead).
     #[serde(default)]
     pub direct_refused: u64,
+    /// Refused direct opens by reason (`not_staged`, `verifying`, `small`, ...): why a job's
+    /// reads went through the mount.
+    #[serde(default)]
+    pub direct_refused_by: BTreeMap<String, u64>,
     /// Bytes of files handed out as direct descriptors (each file's size, per open): read
     /// from scratch by the reader, unseen by the daemon.
     #[serde(default)]
@@ -205,6 +211,7 @@ impl Default for Stats {
             bytes_passthrough: AtomicU64::new(0),
             direct_opens: AtomicU64::new(0),
             direct_refused: AtomicU64::new(0),
+            direct_refused_by: Mutex::new(BTreeMap::new()),
             bytes_direct: AtomicU64::new(0),
             bytes_pushed: AtomicU64::new(0),
             files_pushed: AtomicU64::new(0),
@@ -233,6 +240,12 @@ impl Default for Stats {
 }
 
 impl Stats {
+    /// Counts a refused direct open with its reason `code` (the protocol's refusal code).
+    pub fn count_refusal(&self, code: &'static str) {
+        self.direct_refused.fetch_add(1, Relaxed);
+        *lock(&self.direct_refused_by).entry(code).or_insert(0) += 1;
+    }
+
     fn now_ns(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
     }
@@ -291,6 +304,10 @@ impl Stats {
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
             direct_opens: self.direct_opens.load(Relaxed),
             direct_refused: self.direct_refused.load(Relaxed),
+            direct_refused_by: lock(&self.direct_refused_by)
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
             bytes_direct: self.bytes_direct.load(Relaxed),
             stall_s: stall as f64 / 1e9,
             bytes_pushed: self.bytes_pushed.load(Relaxed),

@@ -1,5 +1,6 @@
-//! `stagefs convert`: the offline conversions. `--to npy` writes the tensor views as real files
-//! (see `convert_npy`); `--to parquet` is the table-cleaning job (see `convert_parquet`).
+//! `stagefs convert`'s arguments: the offline conversions. `--to npy` writes the tensor views
+//! as real files (`convert_npy`); `--to parquet` is the table-cleaning job (`convert_parquet`).
+//! Each of those takes these arguments; `main` picks one by `--to`.
 
 use std::path::PathBuf;
 
@@ -120,13 +121,4 @@ pub fn parse_image_size(text: &str) -> Result<u32, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a whole number of pixels"))?;
     stagefs_views::view::check_image_size(n)
-}
-
-/// Runs `stagefs convert`; returns the process exit code.
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    super::logging::init("warn");
-    match args.to {
-        Target::Npy => super::convert_npy::run(&args),
-        Target::Parquet => super::convert_parquet::run(&args),
-    }
 }

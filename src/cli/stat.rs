@@ -96,9 +96,19 @@ pub fn render(s: &StatsSnapshot, prev: Option<(&StatsSnapshot, f64)>) -> String 
         );
     }
     if s.direct_opens + s.direct_refused > 0 {
+        let why: Vec<String> = s
+            .direct_refused_by
+            .iter()
+            .map(|(code, n)| format!("{code} {n}"))
+            .collect();
+        let why = if why.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", why.join(", "))
+        };
         out += &format!(
             "direct     {} opens, {} in those files (read by the job straight from scratch), \
-             {} refused (read through the mount)\n",
+             {} refused{why} (read through the mount)\n",
             s.direct_opens,
             gib(s.bytes_direct),
             s.direct_refused
