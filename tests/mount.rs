@@ -403,6 +403,45 @@ fn regression_one_enospc_capped_the_cache_for_the_rest_of_the_mount() {
     m.umount();
 }
 
+/// A remount was given 90 % of the space left on scratch as its capacity, not counting what
+/// its own cache already held there: a cache that filled most of scratch got a fraction of
+/// its size at the next mount and evicted itself (bench/mount/direct.sh's RAM scratch: 1.3 of
+/// 4 GiB, every warm open refused as not staged). Now the cache's own files count as room.
+fn regression_a_remount_on_a_nearly_full_scratch_evicted_its_own_cache() {
+    let (tmp, src) = fresh();
+    let files: Vec<Vec<u8>> = (0..4).map(|i| pattern(20 + i, 6 << 20)).collect();
+    for (i, f) in files.iter().enumerate() {
+        fs::write(src.join(format!("f{i}")), f).unwrap();
+    }
+    let scratch = tmp.path().join("scratch");
+    let _guard = SmallScratch::mount(&scratch, "40m");
+    let cache = scratch.join("cache");
+    // Staged in full (24 MiB of 40), default capacity.
+    let mut m = Mount::with_cache(tmp.path(), &src, &cache, &["--no-passthrough"]);
+    for (i, f) in files.iter().enumerate() {
+        assert!(fs::read(m.mnt.join(format!("f{i}"))).unwrap() == *f);
+    }
+    let held = m.stats()["cache_used"].as_u64().unwrap();
+    m.umount();
+    assert!(held >= 24 << 20, "staged {held} bytes");
+    let mut m = Mount::with_cache(tmp.path(), &src, &cache, &["--no-passthrough"]);
+    let s = m.stats();
+    let capacity = s["cache_capacity"].as_u64().unwrap();
+    assert!(
+        capacity >= 24 << 20,
+        "the remount's capacity is {capacity}: {s}"
+    );
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let before = s["bytes_from_source"].as_u64().unwrap();
+    for (i, f) in files.iter().enumerate() {
+        assert!(fs::read(m.mnt.join(format!("f{i}"))).unwrap() == *f);
+    }
+    let s = m.stats();
+    assert_eq!(s["blocks_evicted"].as_u64().unwrap(), 0, "{s}");
+    assert_eq!(s["bytes_from_source"].as_u64().unwrap(), before, "{s}");
+    m.umount();
+}
+
 fn killed_daemon_leaves_a_mount_that_umount_clears_and_remount_reuses_the_cache() {
     let (tmp, src) = fresh();
     make_tree(&src);
@@ -1133,6 +1172,11 @@ fn main() -> std::process::ExitCode {
         test!(full_scratch_still_serves_every_read, Need::Fuse, Need::Root),
         test!(
             regression_one_enospc_capped_the_cache_for_the_rest_of_the_mount,
+            Need::Fuse,
+            Need::Root
+        ),
+        test!(
+            regression_a_remount_on_a_nearly_full_scratch_evicted_its_own_cache,
             Need::Fuse,
             Need::Root
         ),

@@ -43,6 +43,8 @@ dropper & dpid=$!
 trap 'kill $dpid 2>/dev/null; fusermount3 -uz "$U/mnt" 2>/dev/null || true' EXIT
 echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; scratch: $SCRATCH ($(df --output=source "$SCRATCH" | tail -1)); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
+  # A mount left by an interrupted run would make the rm below fail on a read-only tree.
+  mountpoint -q "$U/mnt" 2>/dev/null && as_user fusermount3 -uz "$U/mnt"
   as_user rm -rf "$U/cache" "$U/mnt" "$U/local"
   as_user mkdir -p "$U/mnt"
   m=$(as_user "$SCRATCH/bin/stagefs" run --mount "$SCRATCH/src:$U/mnt:$U/cache" -- \

@@ -130,13 +130,40 @@ impl FsConfig {
     }
 }
 
-/// 90 % of the space free to this user on `dir`'s filesystem (10 GiB if it cannot be asked):
-/// the cache then never takes the last of scratch, and a full scratch caps it anyway.
+/// 90 % of the space free to this user on `dir`'s filesystem plus what the cache in `dir`
+/// already holds there (10 GiB if it cannot be asked): the cache then never takes the last of
+/// scratch, and a full scratch caps it anyway. Counting its own files matters at a remount: a
+/// cache that filled most of scratch would otherwise be given only the little space left and
+/// evict itself.
 pub fn default_cache_size(dir: &Path) -> u64 {
     match rustix::fs::statvfs(dir) {
-        Ok(s) => s.f_bavail.saturating_mul(s.f_frsize) / 10 * 9,
+        Ok(s) => {
+            let free = s.f_bavail.saturating_mul(s.f_frsize);
+            free.saturating_add(bytes_held(dir, 3)) / 10 * 9
+        }
         Err(_) => 10 << 30,
     }
+}
+
+/// Bytes allocated on disk to the regular files under `dir`, `depth` levels down (the cache's
+/// data files are two below it), never following a symlink.
+fn bytes_held(dir: &Path, depth: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut sum = 0u64;
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.path().symlink_metadata() else {
+            continue;
+        };
+        if meta.is_file() {
+            sum = sum.saturating_add(meta.blocks().saturating_mul(512));
+        } else if meta.is_dir() && depth > 1 {
+            sum = sum.saturating_add(bytes_held(&entry.path(), depth - 1));
+        }
+    }
+    sum
 }
 
 /// Attributes of a node.

@@ -4,8 +4,8 @@ open for it (the preload library handed it the cache's copy), with bytes equal t
 
     python3 direct_libraries.py MNT SRC CHECK...   prints one JSON object: CHECK -> result
 
-A result is "direct" (counted, and exact), or what went wrong. CHECKs: numpy, numpy_mmap,
-tarfile, pil, pyarrow, torch_load, torch_workers_fork, torch_workers_spawn.
+A result is "direct" (counted, and exact), or what went wrong. CHECKs: offsets_fork_exec,
+numpy, numpy_mmap, tarfile, pil, pyarrow, torch_load, torch_workers_fork, torch_workers_spawn.
 """
 
 import json
@@ -88,6 +88,51 @@ def check_torch_load(mnt, src):
     return torch.equal(torch.load(os.path.join(mnt, "t.pt")), torch.load(os.path.join(src, "t.pt")))
 
 
+EXEC_CHILD = """
+import os, sys
+fd, path, src = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+want = open(src, "rb").read()
+ok = os.pread(fd, 1 << 20, 12345) == want[12345:12345 + (1 << 20)]
+with open(path, "rb") as f:  # the exec'd program's own open goes direct too
+    ok = ok and f.read() == want
+    ok = ok and not os.readlink(f"/proc/self/fd/{f.fileno()}").startswith(os.path.dirname(path))
+print("ok" if ok else "bad")
+"""
+
+
+def check_offsets_fork_exec(mnt, src):
+    """One direct descriptor read at random offsets, by a forked child that inherited it, and
+    by a program this one execs (which also opens the file itself)."""
+    import random
+    import subprocess
+
+    path, spath = os.path.join(mnt, "x.npy"), os.path.join(src, "x.npy")
+    with open(spath, "rb") as f:
+        want = f.read()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(mnt):
+            return False  # not direct
+        rng = random.Random(3)
+        for _ in range(200):
+            off, n = rng.randrange(len(want)), rng.randrange(1, 1 << 20)
+            if os.pread(fd, n, off) != want[off:off + n]:
+                return False
+        pid = os.fork()
+        if pid == 0:
+            good = all(os.pread(fd, 4096, o) == want[o:o + 4096]
+                       for o in range(0, len(want), len(want) // 50))
+            os._exit(0 if good else 1)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            return False
+        out = subprocess.run([sys.executable, "-c", EXEC_CHILD, str(fd), path, spath],
+                             pass_fds=[fd], capture_output=True, text=True)
+        return out.stdout.strip() == "ok"
+    finally:
+        os.close(fd)
+
+
 class Files:
     """A torch Dataset: item i is the bytes of files[i], read with open()."""
 
@@ -117,6 +162,7 @@ def workers(mnt, src, how):
 
 
 CHECKS = {
+    "offsets_fork_exec": check_offsets_fork_exec,
     "numpy": check_numpy,
     "numpy_mmap": check_numpy_mmap,
     "tarfile": check_tarfile,

@@ -1,5 +1,6 @@
 """Under `stagefs run`, the libraries a training job reads with get direct descriptors of
-staged large files through the preload library (docs/direct.md): numpy (plain and
+staged large files through the preload library (docs/direct.md): a descriptor read at random
+offsets, by a forked child that inherited it and by an exec'd program; numpy (plain and
 `mmap_mode="r"`, whose mapping is of the cache's copy), tarfile, PIL, pyarrow, `torch.load` and
 a torch DataLoader's forked and spawned workers; every read equals the source's bytes."""
 
@@ -16,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_loader_mount import BIN  # noqa: E402  (the mount tests' one stagefs binary)
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "direct_libraries.py")
-BASE = ["numpy", "numpy_mmap", "tarfile", "pil", "pyarrow"]
+BASE = ["offsets_fork_exec", "numpy", "numpy_mmap", "tarfile", "pil", "pyarrow"]
 TORCH = ["torch_load", "torch_workers_fork", "torch_workers_spawn"]
 
 
@@ -58,7 +59,7 @@ def run_checks(tmp_path, checks, torch=None):
     assert got == {c: "direct" for c in checks}, f"{got}\n{p.stderr}"
 
 
-def test_numpy_tarfile_pil_pyarrow_get_direct_descriptors(tmp_path):
+def test_offsets_fork_exec_numpy_tarfile_pil_pyarrow_get_direct_descriptors(tmp_path):
     run_checks(tmp_path, BASE)
 
 
