@@ -213,7 +213,11 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
         (&["--no-direct"][..], &[][..]),
         (&[][..], &[("STAGEFS_DIRECT", "0")][..]),
     ] {
-        let script = format!("./reader {m} {s} 0 {files} && cat {m}/.stagefs/stats > out/off.json");
+        // CMD is told too (stagefs.Loader asks the daemon itself, without the library).
+        let script = format!(
+            "./reader {m} {s} 0 {files} && cat {m}/.stagefs/stats > out/off.json && \
+             [ \"$STAGEFS_DIRECT\" = 0 ]"
+        );
         let o = run(extra, env, script);
         assert!(o.status.success(), "{}", text(&o));
         assert!(

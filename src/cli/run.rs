@@ -67,8 +67,8 @@ pub struct Args {
     /// Files copied in parallel per sync [default: 16].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,
-    /// Do not preload the direct-read library into CMD (also: `STAGEFS_DIRECT=0`): every read
-    /// goes through the mounts.
+    /// Do not preload the direct-read library into CMD, and set `STAGEFS_DIRECT=0` for it (so
+    /// `stagefs.Loader` does not read direct either): every read goes through the mounts.
     #[arg(long)]
     pub no_direct: bool,
     /// The command to run, after `--`.
@@ -207,7 +207,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         None => bail!("no command given after --"),
     };
     let envs = if args.no_direct || std::env::var_os("STAGEFS_DIRECT").is_some_and(|v| v == "0") {
-        Vec::new()
+        // Said to CMD too, so that stagefs.Loader, which asks the daemon itself, reads through
+        // the mounts as well.
+        vec![("STAGEFS_DIRECT".into(), "0".into())]
     } else {
         direct_env(&exe, &mounts)
     };

@@ -71,3 +71,15 @@ def test_loader_reads_a_staged_npy_direct_and_falls_back_per_file(mounted):
     assert sum(len(b) for _, b in off) == 500
     time.sleep(1.2)
     assert stats(mnt)["direct_opens"] == before
+
+
+def test_stagefs_direct_0_in_the_environment_turns_the_loaders_direct_reads_off(mounted, monkeypatch):
+    # `stagefs run --no-direct` sets it for its command: the Loader must not go direct either.
+    src, mnt = mounted
+    paths = [str(mnt / "x.npy"), str(mnt / "y.npy")]
+    with open(mnt / "x.npy", "rb") as f:
+        f.read()
+    monkeypatch.setenv("STAGEFS_DIRECT", "0")
+    ld = stagefs.Loader(paths, 32, tensors="numpy", ring=3)
+    assert ld.stats()["direct_files"] == 0 and ld.stats()["direct_fallbacks"] == {}
+    assert sum(len(b) for _, b in ld) == 500

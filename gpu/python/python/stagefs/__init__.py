@@ -161,6 +161,11 @@ def _fingerprint(path: str) -> dict:
     return {"name": os.path.basename(path), "size": size, "crc32": crc}
 
 
+def _direct_default() -> bool:
+    """Direct reads unless the environment turns them off (``STAGEFS_DIRECT=0``)."""
+    return os.environ.get("STAGEFS_DIRECT") != "0"
+
+
 class Loader:
     """Batches of aligned rows of ``.npy`` files, one epoch per iteration.
 
@@ -202,7 +207,9 @@ class Loader:
         direct: files on a stagefs mount whose verified copy is in the mount's cache are read
             through a read-only descriptor of that copy, at local speed, instead of through
             FUSE; any other file reads through the mount, silently, with the reason in
-            ``stats()["direct_fallbacks"]``. ``False`` turns it off.
+            ``stats()["direct_fallbacks"]``. ``False`` turns it off; the default (``None``)
+            is on unless the environment says ``STAGEFS_DIRECT=0`` (as ``stagefs run
+            --no-direct`` sets it for its command).
         partition: ``"node"`` (default): each node (``rank // local_world_size``) reads a
             fixed, contiguous part of the rows, shuffled within the node, so N nodes' mounts
             read the dataset once in total; ``"global"``: one permutation split across all
@@ -240,7 +247,7 @@ class Loader:
         dtype=None,
         layout: str = "NHWC",
         hints: bool = True,
-        direct: bool = True,
+        direct: bool | None = None,
         partition: str = _partition.DEFAULT_PARTITION,
         exchange: float = 0.0,
         local_world_size: int | None = None,
@@ -298,7 +305,7 @@ class Loader:
         self._native = _native.Loader(
             self.paths, self.batch_size, self.shuffle, self.seed, self.drop_last, device,
             self.rank, self.world_size, int(ring), int(readers), pin_memory, native_transform,
-            bool(hints), bool(direct),
+            bool(hints), _direct_default() if direct is None else bool(direct),
             (self.local_world_size, self.exchange) if partition == "node" else None,
         )
 
