@@ -10,17 +10,27 @@
 #   bench/mount/held_out.sh            (as root; SCRATCH=/var/tmp/stagefs-heldout by default,
 #                                       the machine's disk: ~1 GB/s like a node's NVMe)
 # Knobs: SCRATCH, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test, FILES=8, MB=256,
-# ROUNDS=2 (mount and local alternated).
+# ROUNDS=2 (mount and local alternated), NVME_MBS (set: the user's scratch is a loop device
+# over RAM throttled to that many MB/s, like a node's NVMe; this VM's disk is cached by its
+# host, so its re-reads run at 3-8 GB/s).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 SCRATCH=${SCRATCH:-/var/tmp/stagefs-heldout}
 STAGEFS=${STAGEFS:-$REPO/target/release/stagefs}
 BENCH_USER=${BENCH_USER:-stagefs-test}
-FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2}
+FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} NVME_MBS=${NVME_MBS:-}
 [[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, setpriv)" >&2; exit 1; }
 uid=$(id -u "$BENCH_USER")
-as_user() { setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"; }
+CG=
+as_user() {
+  if [[ -n $CG ]]; then  # every read and write of scratch by it and its children throttled
+    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" \
+      setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
+  else
+    setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
+  fi
+}
 mkdir -p "$SCRATCH/src/large" "$SCRATCH/bin"
 chmod 755 "$SCRATCH" "$SCRATCH/src" "$SCRATCH/src/large" "$SCRATCH/bin"
 for i in $(seq 0 $((FILES - 1))); do
@@ -31,7 +41,24 @@ install -m 755 "$STAGEFS" "$SCRATCH/bin/stagefs"
 install -m 755 "$(dirname "$STAGEFS")/libstagefs_direct.so" "$SCRATCH/bin/"
 install -m 644 "$HERE/held_out_epochs.py" "$SCRATCH/bin/"
 U=$SCRATCH/user
-mkdir -p "$U" && chown "$uid:$uid" "$U" && chmod 700 "$U"
+mkdir -p "$U"
+if [[ -n $NVME_MBS ]]; then
+  # The user's scratch: ext4 on a loop device over a tmpfs, throttled to NVME_MBS MB/s for
+  # the runs (a node's NVMe whose page cache drop_caches empties).
+  mb=$((FILES * MB * 5 / 2 + 512))
+  mkdir -p "$SCRATCH/ramfs"
+  mountpoint -q "$SCRATCH/ramfs" || mount -t tmpfs -o size=$((mb + 256))m tmpfs "$SCRATCH/ramfs"
+  if ! mountpoint -q "$U"; then
+    truncate -s "${mb}M" "$SCRATCH/ramfs/img" && mkfs.ext4 -q -F "$SCRATCH/ramfs/img"
+    mount -o loop "$SCRATCH/ramfs/img" "$U"
+  fi
+  CG=/sys/fs/cgroup/blkio/stagefs-heldout
+  mkdir -p "$CG"
+  dev=$(findmnt -n -o MAJ:MIN --target "$U")
+  echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.read_bps_device"
+  echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.write_bps_device"
+fi
+chown "$uid:$uid" "$U" && chmod 700 "$U"
 # Drops the page cache whenever the script asks (it creates $U/drop and waits for it to go).
 dropper() {
   while :; do
@@ -40,8 +67,13 @@ dropper() {
   done
 }
 dropper & dpid=$!
-trap 'kill $dpid 2>/dev/null; fusermount3 -uz "$U/mnt" 2>/dev/null || true' EXIT
-echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; scratch: $SCRATCH ($(df --output=source "$SCRATCH" | tail -1)); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+finish() {
+  kill $dpid 2>/dev/null
+  fusermount3 -uz "$U/mnt" 2>/dev/null || true
+  if [[ -n $NVME_MBS ]]; then umount -l "$U" "$SCRATCH/ramfs" 2>/dev/null || true; fi
+}
+trap finish EXIT
+echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; scratch: $U ($(df --output=source "$U" | tail -1)${NVME_MBS:+, throttled to $NVME_MBS MB/s}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
   # A mount left by an interrupted run would make the rm below fail on a read-only tree.
   mountpoint -q "$U/mnt" 2>/dev/null && as_user fusermount3 -uz "$U/mnt"
