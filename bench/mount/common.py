@@ -57,6 +57,10 @@ class Who:
         else:
             self.uid = self.gid = 0
             self.prefix = []
+        cgroup = os.environ.get("BENCH_CGROUP")
+        if cgroup:  # run.sh's throttled scratch: every command joins the cgroup first
+            self.prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup,
+                           *self.prefix]
 
     def run(self, cmd: list, check: bool = True, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("cwd", "/")  # the user may not be allowed into root's working directory

@@ -17,7 +17,9 @@
 #   bench/mount/direct.sh
 # Mode `rows`: a shuffled stagefs.Loader epoch over rows.npy (ROWS_MB of 64 KiB rows) on the
 # mount (direct, with its posix_fadvise ahead) and on the local copy (no read-ahead: the
-# same order, read as it comes); needs PY, a python with numpy and stagefs.
+# same order, read as it comes); the page cache is dropped after the Loader is made (a remount's
+# verification is in the constructor) and before the timed epoch; needs PY, a python with
+# numpy and stagefs.
 # Knobs: WORK=/var/tmp/stagefs-direct, STAGEFS=target/release/stagefs, BENCH_USER=stagefs-test,
 # FILES=8, MB=256, ROWS_MB=2048, ROUNDS=2, MODES="seq shuf mmap rows",
 # SCRATCHES="disk nvme ram", NVME_MBS=1000, RCLONE (rclone's path; empty: no rclone side),
@@ -51,6 +53,16 @@ cpu_of() { awk -v t="$(getconf CLK_TCK)" '{ print ($14 + $15) / t }' "/proc/$1/s
 RCLONE=${RCLONE-$(command -v rclone || true)}
 load() { cut -d' ' -f1 /proc/loadavg; }
 gb=$(python3 -c "print($FILES * $MB / 1000)")
+# Mode rows drops the page cache between making its Loader and its epoch: it asks by creating
+# this file (readable by the user), which the loop below removes once the cache is dropped.
+mkdir -p "$WORK/req" && chown "$uid:$uid" "$WORK/req"
+export STAGEFS_BENCH_DROP=$WORK/req/drop
+dropper() {
+  while :; do
+    if [[ -e $STAGEFS_BENCH_DROP ]]; then drop; rm -f "$STAGEFS_BENCH_DROP"; fi
+    sleep 0.05
+  done
+}
 rows_gb=$(python3 -c "print($ROWS_MB * 1.048576 / 1000)")
 
 mkdir -p "$WORK/src"
@@ -80,17 +92,19 @@ cleanup() {
     mountpoint -q "$WORK/ramfs-$s" && umount -l "$WORK/ramfs-$s" || true
   done
 }
-trap cleanup EXIT
+dropper &
+dropper_pid=$!
+trap 'kill $dropper_pid 2>/dev/null; cleanup' EXIT
 echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; load at start: $(load)"
 echo "columns: scratch mode round | local s | direct s (x local) | fuse s (x local) | rclone s (x local) | CPU-s/GB local direct fuse rclone | direct opens"
 for s in $SCRATCHES; do
   S=$WORK/$s
   if [[ $s == ram || $s == nvme ]]; then
-    # Room for the local copy and the cache, each the whole source, and a quarter more: a
-    # scratch sized for only the large files (rows.npy came later) left the cache no room to
-    # hold every copy, so most opens were refused as not staged.
+    # Room for the local copy, the cache and rclone's cache, each the whole source, and a
+    # half more: a scratch too small for all of them leaves the cache less room than the
+    # dataset, and warm opens are refused as not staged.
     src_mb=$(( $(du -sm "$WORK/src" | cut -f1) ))
-    img_mb=$(( src_mb * 5 / 2 + 256 ))
+    img_mb=$(( src_mb * 7 / 2 + 256 ))
     mkdir -p "$WORK/ramfs-$s" "$S"
     mountpoint -q "$WORK/ramfs-$s" || mount -t tmpfs -o size=$(( img_mb + 256 ))m tmpfs "$WORK/ramfs-$s"
     if ! mountpoint -q "$S"; then
@@ -102,7 +116,7 @@ for s in $SCRATCHES; do
   if [[ $s == nvme ]]; then
     CG=/sys/fs/cgroup/blkio/stagefs-nvme
     mkdir -p "$CG"
-    dev=$(findmnt -n -o MAJ:MIN --target "$S")
+    dev=$(findmnt -n -o MAJ:MIN --target "$S" | tr -d ' ')
     echo "$dev $((NVME_MBS * 1000000))" > "$CG/blkio.throttle.read_bps_device"
     echo "$dev $((NVME_MBS * 1000000))" > "$CG/blkio.throttle.write_bps_device"
     echo "nvme: $S on $(findmnt -n -o SOURCE --target "$S") ($dev), reads and writes throttled to $NVME_MBS MB/s"

@@ -29,12 +29,20 @@ def daemon(mount):
 
 
 def loader_epoch(path):
-    """Wall and CPU seconds of one shuffled Loader epoch over `path`."""
+    """Wall and CPU seconds of one shuffled Loader epoch over `path`: the Loader is made (on a
+    mount, its direct open verifies a remount's copy through the page cache), then the page
+    cache is dropped (asked of direct.sh's root loop through the file $STAGEFS_BENCH_DROP, when
+    set), then the epoch is timed: a warm epoch of a job, caches dropped."""
     import time
 
     import stagefs
 
     loader = stagefs.Loader([path], 64, shuffle=True, seed=0, tensors="numpy")
+    drop = os.environ.get("STAGEFS_BENCH_DROP")
+    if drop:
+        open(drop, "w").close()
+        while os.path.exists(drop):
+            time.sleep(0.02)
     t0, c0 = time.perf_counter(), os.times()
     rows = 0
     for (batch,) in loader:

@@ -54,7 +54,7 @@ if [[ -n $NVME_MBS ]]; then
   fi
   CG=/sys/fs/cgroup/blkio/stagefs-heldout
   mkdir -p "$CG"
-  dev=$(findmnt -n -o MAJ:MIN --target "$U")
+  dev=$(findmnt -n -o MAJ:MIN --target "$U" | tr -d " ")
   echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.read_bps_device"
   echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.write_bps_device"
 fi

@@ -40,8 +40,9 @@
 # DATASETS=small,large, SIDES=seed,user,direct,root, SCALE_FILES=1280000, SCALE_CLASSES=1000,
 # SCALE_ROUNDS=$ROUNDS, LEVERS=warm,cold,list, ONLY (a regex over pass names, printed as they
 # run), HINT_IMAGES=4000, HINT_RAW_MB=1024, CACHE_SIZE=8G (the mounts' --cache-size),
-# SCRATCH_FS=ext4|disk|tmpfs (disk: a directory on the machine's own disk, ~1 GB/s like a
-# node's NVMe), SCRATCH_SIZE=9g.
+# SCRATCH_FS=ext4|nvme|disk|tmpfs (nvme: the ext4 scratch with its reads and writes held to
+# NVME_MBS=1000 MB/s by a blkio cgroup, the seed's node-local NVMe; disk: a directory on the
+# machine's own disk, which this VM's host caches), SCRATCH_SIZE=9g.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -158,20 +159,30 @@ export BENCH_COMMIT="$COMMIT (binary $(stat -c %y "$STAGEFS_SRC" | cut -d. -f1))
 mountpoint -q "$RAM" || mount -t tmpfs -o size="$RAM_SIZE",mode=0755 stagefs-bench "$RAM"
 trap teardown EXIT
 case $SCRATCH_FS in
-  ext4)
+  ext4 | nvme)
     mkdir -p "$SCRATCH"
     rm -f "$RAM/scratch.img"
     truncate -s "$SCRATCH_SIZE" "$RAM/scratch.img"
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$RAM/scratch.img"
     mount -o loop,discard "$RAM/scratch.img" "$SCRATCH"
     log "scratch: ext4 on $(findmnt -n -o SOURCE "$SCRATCH") over $RAM/scratch.img ($SCRATCH_SIZE, RAM)"
+    if [ "$SCRATCH_FS" = nvme ]; then
+      # Every command of the benchmark (rsync, mounts, epochs) runs in this blkio cgroup, which
+      # holds scratch's reads and writes to NVME_MBS: the seed's node-local NVMe.
+      export BENCH_CGROUP=/sys/fs/cgroup/blkio/stagefs-bench-nvme
+      mkdir -p "$BENCH_CGROUP"
+      dev=$(findmnt -n -o MAJ:MIN --target "$SCRATCH" | tr -d ' ')
+      echo "$dev $((${NVME_MBS:-1000} * 1000000))" >"$BENCH_CGROUP/blkio.throttle.read_bps_device"
+      echo "$dev $((${NVME_MBS:-1000} * 1000000))" >"$BENCH_CGROUP/blkio.throttle.write_bps_device"
+      log "scratch throttled to ${NVME_MBS:-1000} MB/s for the benchmark's commands ($BENCH_CGROUP)"
+    fi
     ;;
   tmpfs) log "scratch: the tmpfs $RAM (drop_caches cannot empty it)" ;;
   disk)
     mkdir -p "$SCRATCH"
     log "scratch: $SCRATCH on the machine's disk ($(findmnt -n -o SOURCE --target "$SCRATCH"))"
     ;;
-  *) die "SCRATCH_FS must be ext4, disk or tmpfs" ;;
+  *) die "SCRATCH_FS must be ext4, nvme, disk or tmpfs" ;;
 esac
 export BENCH_SCRATCH="$SCRATCH_FS"
 rm -rf "$SCRATCH"/*

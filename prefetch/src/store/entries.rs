@@ -56,6 +56,9 @@ pub(super) struct Entry {
     /// Every block verified against its checksum since this mount started (passthrough reads
     /// bypass the daemon, so they are allowed only then).
     pub(super) verified: bool,
+    /// A verification of it is under way (in the background or for a reader): a second one
+    /// waits for it or skips it instead of reading the copy again.
+    pub(super) verifying: bool,
     pub(super) pins: u32,
     /// Number of the own data file (0 until the first block is stored).
     pub(super) own_no: u32,
@@ -93,6 +96,7 @@ impl Entry {
             kind,
             own_file,
             verified: false,
+            verifying: false,
             pins: 0,
             own_no: 0,
             slots: if nslots > 1 {

@@ -39,6 +39,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use lru::LruCache;
@@ -69,6 +70,21 @@ pub const OPEN_DATA_FILES: usize = 256;
 /// The cache format's directory inside the cache directory (cache log, segments, files,
 /// snapshot); caches of other formats beside it are removed at open.
 pub const FORMAT_DIR: &str = "v2";
+
+/// Longest a reader's verification waits for the background one of the same copy (8 s): under
+/// the direct-open client's reply timeout (10 s), so a client never gives up on an open the
+/// daemon is still answering; the client reads through the mount if it does come.
+pub const VERIFY_WAIT: Duration = Duration::from_secs(8);
+
+/// Where the verification of one entry stands ([`CacheStore::begin_verify`]).
+enum Verify {
+    /// Nothing to read: verified (true), or not complete (false).
+    Done(bool),
+    /// Another caller is verifying it now.
+    Busy,
+    /// Claimed: these blocks (slot, location) are to be checked.
+    Go(Vec<(u32, Loc)>),
+}
 
 /// Where and how big the cache is.
 #[derive(Clone, Debug)]
@@ -411,42 +427,71 @@ impl CacheStore {
 
     /// Verifies every stored block of entry `id` against its checksum, dropping bad ones;
     /// true if the entry is complete and intact (then passthrough may serve it). Meant for a
-    /// background thread: it reads the whole entry.
+    /// background thread: it reads the whole entry. An entry verified already is not read
+    /// again; one another caller is verifying right now is skipped (false).
     pub fn verify(&self, id: EntryId) -> bool {
-        self.verify_with(id, |id, slot, _| self.read(id, slot).is_some())
+        match self.begin_verify(id) {
+            Verify::Done(ok) => ok,
+            Verify::Busy => false,
+            Verify::Go(locs) => {
+                let ok = locs.iter().all(|&(slot, _)| self.read(id, slot).is_some());
+                self.end_verify(id, ok)
+            }
+        }
     }
 
     /// [`verify`](Self::verify), reading the copy through the page cache (never `O_DIRECT`):
     /// for a reader about to read the same bytes, whose reads then come from memory, so the
-    /// check costs the reader nothing but the checksums.
+    /// check costs the reader nothing but the checksums. If the background verification is
+    /// reading this copy right now, waits for it (at most [`VERIFY_WAIT`]) instead of reading
+    /// the copy a second time.
     pub fn verify_for_reader(&self, id: EntryId) -> bool {
-        self.verify_with(id, |_, _, loc| {
-            self.locate(loc)
-                .and_then(|(file, off)| scratch::read_verified(&file, off, loc))
-                .is_some()
-        })
-    }
-
-    fn verify_with(&self, id: EntryId, block_ok: impl Fn(EntryId, u32, Loc) -> bool) -> bool {
-        let locs = {
-            let inner = lock(&self.inner);
-            match inner.entries.get(id as usize).and_then(Option::as_ref) {
-                Some(e) if e.complete() => e.locs(),
-                _ => return false,
-            }
-        };
-        for (slot, loc) in locs {
-            if !block_ok(id, slot, loc) {
-                return false;
+        let deadline = Instant::now() + VERIFY_WAIT;
+        loop {
+            match self.begin_verify(id) {
+                Verify::Done(ok) => return ok,
+                Verify::Busy if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Verify::Busy => return false,
+                Verify::Go(locs) => {
+                    let ok = locs.iter().all(|&(_, loc)| {
+                        self.locate(loc)
+                            .and_then(|(file, off)| scratch::read_verified(&file, off, loc))
+                            .is_some()
+                    });
+                    return self.end_verify(id, ok);
+                }
             }
         }
+    }
+
+    /// Claims the verification of `id`: done already (and how), under way elsewhere, or the
+    /// blocks to check now (the caller must then call [`Self::end_verify`]).
+    fn begin_verify(&self, id: EntryId) -> Verify {
         let mut inner = lock(&self.inner);
         match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(e) if e.complete() && e.verified => Verify::Done(true),
+            Some(e) if e.complete() && e.verifying => Verify::Busy,
             Some(e) if e.complete() => {
-                e.verified = true;
-                true
+                e.verifying = true;
+                Verify::Go(e.locs())
             }
-            _ => false,
+            _ => Verify::Done(false),
+        }
+    }
+
+    /// Ends a verification claimed by [`Self::begin_verify`]: marks the entry verified if all
+    /// its blocks were intact (`ok`) and it is still complete; true then.
+    fn end_verify(&self, id: EntryId, ok: bool) -> bool {
+        let mut inner = lock(&self.inner);
+        match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
+            Some(e) => {
+                e.verifying = false;
+                e.verified = ok && e.complete();
+                e.verified
+            }
+            None => false,
         }
     }
 
