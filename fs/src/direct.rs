@@ -9,10 +9,12 @@
 //! entry is only ever served for the path and version it was stored for) and verified against
 //! its checksums in this mount. Never under `--revalidate` (each read re-checks the source, so
 //! the mount must see them), never for views, symlinks or control files. Anything else is a
-//! [`Refusal`] and the client reads through the mount. A complete copy not verified yet is
-//! queued for verification (and refused this time); copies found complete at mount are
-//! verified in the background right after binding ([`DirectService::verify_copies`]), so the warm
-//! epoch after a remount gets descriptors from its first opens.
+//! [`Refusal`] and the client reads through the mount. A copy is verified as soon as it is
+//! complete in this mount. After a remount, an open of a copy not verified yet verifies it
+//! there and then, through the page cache its reader then reads from, so a warm epoch right
+//! after a remount reads each copy once; the copies no reader opens are verified by a
+//! background pass ([`DirectService::verify_copies`]) that starts a little after the mount
+//! and yields to readers ([`BACKGROUND_VERIFY_DELAY`], [`READERS_QUIET`]).
 //!
 //! **What is handed out.** The copy opened afresh, `O_RDONLY` (a new open file description:
 //! the status flags the daemon uses for its own reads are not shared), checked to be a regular
@@ -38,7 +40,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::staging::SMALL_FILE;
@@ -66,7 +68,23 @@ pub struct DirectService {
     next_pin: AtomicU64,
     last_log: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
+    /// When the service started (the clock of `reader_verified_ms`).
+    started: Instant,
+    /// When an open last verified a copy for its reader, in ms since `started` (0: never):
+    /// the background pass waits while readers do it themselves.
+    reader_verified_ms: AtomicU64,
 }
+
+/// The background verification of a remount's copies starts this long after the mount (1 s),
+/// so that a job that starts at once opens its files first and verifies each through the page
+/// cache it then reads from; the background pass reads with `O_DIRECT` (a large cache must
+/// not flood the page cache), so a copy it verifies is read twice by an epoch that follows.
+pub const BACKGROUND_VERIFY_DELAY: Duration = Duration::from_secs(1);
+
+/// The background pass yields while an open verified a copy for its reader within this time
+/// (2 s, a few opens apart): readers verify what they read, the pass takes the rest when they
+/// are done.
+pub const READERS_QUIET: Duration = Duration::from_secs(2);
 
 /// The pins one connection holds: released when it says so or when it is dropped (the
 /// connection ended).
@@ -134,7 +152,26 @@ impl DirectService {
             next_pin: AtomicU64::new(0),
             last_log: Mutex::new(None),
             unlogged: AtomicU64::new(0),
+            started: Instant::now(),
+            reader_verified_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Milliseconds since the service started (at least 1: 0 means never).
+    fn now_ms(&self) -> u64 {
+        (self.started.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Sleeps `d` in short steps; false if the mount stopped meanwhile.
+    fn pause(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            if self.mount.stopped() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        !self.mount.stopped()
     }
 
     /// Answers a `direct_open` of `path` for the connection holding `pins`: a read-only
@@ -230,6 +267,7 @@ impl DirectService {
             // in the background, which an epoch starting at once outruns): verify it now,
             // through the page cache, so the caller's reads that follow come from memory. The
             // first epoch after a remount then reads direct instead of through FUSE.
+            self.reader_verified_ms.store(self.now_ms(), Relaxed);
             if store.verify_for_reader(state.entry) {
                 pinned = store.pin_passthrough(state.entry);
             }
@@ -270,8 +308,23 @@ impl DirectService {
         let store = self.mount.store();
         let ids = store.unverified_copies();
         let n = ids.len();
+        if n == 0 || !self.pause(BACKGROUND_VERIFY_DELAY) {
+            return;
+        }
         let mut ok = 0usize;
         for id in ids {
+            // Readers verifying their own copies go first (see READERS_QUIET).
+            loop {
+                let last = self.reader_verified_ms.load(Relaxed);
+                let quiet = last == 0
+                    || self.now_ms().saturating_sub(last) >= READERS_QUIET.as_millis() as u64;
+                if quiet {
+                    break;
+                }
+                if !self.pause(Duration::from_millis(100)) {
+                    return;
+                }
+            }
             if self.mount.stopped() {
                 return;
             }

@@ -28,7 +28,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -435,7 +435,12 @@ impl Fetcher {
 
     /// Stops the workers (queued work is dropped) and waits for them.
     pub fn shutdown(&self) {
-        self.shared.shutdown.store(true, Relaxed);
+        {
+            // Set under the queue lock: a worker checks the flag under it and then waits, so
+            // the notification below cannot fall between its check and its wait.
+            let _q = lock(&self.shared.queues);
+            self.shared.shutdown.store(true, Relaxed);
+        }
         lock(&self.shared.demand).take();
         self.shared.work.notify_all();
         let handles: Vec<_> = lock(&self.workers).drain(..).collect();
@@ -570,11 +575,19 @@ fn worker(shared: &Shared) {
                         break t;
                     }
                 }
-                q = shared
-                    .work
-                    .wait_timeout(q, Duration::from_millis(20))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                // Staging held back by the demand limit is freed by `demand_active` falling,
+                // which notifies nobody: look again in 20 ms. Otherwise sleep until work is
+                // queued or the fetcher shuts down (both notify, under this lock): 32 idle
+                // workers waking every 20 ms cost an idle daemon 2 % of a core.
+                q = if q.staging.is_empty() {
+                    shared.work.wait(q).unwrap_or_else(PoisonError::into_inner)
+                } else {
+                    shared
+                        .work
+                        .wait_timeout(q, Duration::from_millis(20))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0)
+                };
             }
         };
         lock(&shared.queues).queued.remove(&(w.entry, w.slot));
