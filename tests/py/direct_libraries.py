@@ -13,13 +13,7 @@ import os
 import sys
 import time
 
-FRESH_S = 1.1  # the stats file a reader opens may be a rendering up to 1 s old
-
-
-def stats(mnt):
-    time.sleep(FRESH_S)
-    with open(os.path.join(mnt, ".stagefs", "stats")) as f:
-        return json.load(f)
+from mounting import fresh_stats  # noqa: E402  (beside this script, on its sys.path)
 
 
 def wait_staged(mnt, names, timeout=60):
@@ -178,12 +172,12 @@ if __name__ == "__main__":
     wait_staged(mnt, sorted(n for n in os.listdir(src) if os.path.getsize(os.path.join(src, n)) > 4 << 20))
     out = {}
     for name in checks:
-        before = stats(mnt)["direct_opens"]
+        before = fresh_stats(mnt)["direct_opens"]
         try:
             exact = CHECKS[name](mnt, src)
         except Exception as e:  # noqa: BLE001 - reported per check
             out[name] = f"failed: {e!r}"
             continue
-        opened = stats(mnt)["direct_opens"] - before
+        opened = fresh_stats(mnt)["direct_opens"] - before
         out[name] = "direct" if exact and opened > 0 else f"exact={exact} direct_opens={opened}"
     print(json.dumps(out))

@@ -3,7 +3,6 @@ verified copy (docs/direct.md): batches equal numpy's reading of the source, the
 the direct open, other files fall back silently with the reason in stats(), direct=False asks
 nothing."""
 
-import json
 import os
 import sys
 import time
@@ -14,7 +13,8 @@ import pytest
 import stagefs
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_loader_mount import stagefs_cli  # noqa: E402  (the mount tests' one CLI runner)
+import mounting  # noqa: E402
+from mounting import fresh_stats, wait_stats  # noqa: E402
 
 
 @pytest.fixture()
@@ -25,16 +25,8 @@ def mounted(tmp_path):
     rng = np.random.default_rng(5)  # x: 5 MB, above the 4 MiB of a small file
     np.save(src / "x.npy", rng.integers(0, 255, size=(500, 100, 100), dtype=np.uint8))
     np.save(src / "y.npy", np.arange(500, dtype=np.int64))
-    stagefs_cli("mount", src, mnt, "--cache", cache)
-    try:
+    with mounting.mounted(src, mnt, cache):
         yield src, mnt
-    finally:
-        stagefs_cli("umount", mnt)
-
-
-def stats(mnt):
-    with open(mnt / ".stagefs" / "stats") as f:
-        return json.load(f)
 
 
 def test_loader_reads_a_staged_npy_direct_and_falls_back_per_file(mounted):
@@ -59,18 +51,14 @@ def test_loader_reads_a_staged_npy_direct_and_falls_back_per_file(mounted):
     assert rows == 500
     # The stats file a reader without its own open sees is a rendering up to 1 s old (the
     # Loader itself read one to find the mount's socket, before its direct open).
-    deadline = time.time() + 5
-    while stats(mnt)["direct_opens"] < 1:
-        assert time.time() < deadline, stats(mnt)
-        time.sleep(0.2)
+    s = wait_stats(mnt, lambda s: s["direct_opens"] >= 1)
+    assert s["direct_opens"] >= 1, s
     del ld
-    time.sleep(1.2)  # a fresh rendering of the stats file (one is served up to 1 s while read)
-    before = stats(mnt)["direct_opens"]
+    before = fresh_stats(mnt)["direct_opens"]
     off = stagefs.Loader(paths, 32, tensors="numpy", ring=3, direct=False)
     assert off.stats()["direct_files"] == 0 and off.stats()["direct_fallbacks"] == {}
     assert sum(len(b) for _, b in off) == 500
-    time.sleep(1.2)
-    assert stats(mnt)["direct_opens"] == before
+    assert fresh_stats(mnt)["direct_opens"] == before
 
 
 def test_stagefs_direct_0_in_the_environment_turns_the_loaders_direct_reads_off(mounted, monkeypatch):

@@ -2,7 +2,6 @@
 and over an `images.npy` view gives exactly the same batches with and without hints, and the
 mount's stats show the hints accepted and the bytes hinted. A missing socket is no error."""
 
-import json
 import os
 import sys
 import time
@@ -13,7 +12,7 @@ import pytest
 import stagefs
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_loader_mount import stagefs_cli  # noqa: E402  (the same `stagefs` runner)
+from mounting import mounted, stats  # noqa: E402
 
 
 # Image rows of 48×48×3 = 6912 bytes: over the Loader's SMALL_ROW, read row by row (hinted).
@@ -39,19 +38,10 @@ def mount(tmp_path_factory):
     raw = np.random.default_rng(5).integers(0, 256, size=(ROWS, ROW), dtype=np.uint8)
     np.save(src / "rows.npy", raw)
     mnt, cache = base / "mnt", base / "cache"
-    mnt.mkdir()
     # --no-passthrough: as root, passthrough opens of a verified large file fail with EIO on
     # main too (not the hints' doing; reported). A normal user's mount has no passthrough.
-    stagefs_cli("mount", src, mnt, "--cache", cache, "--image-size", SIZE, "--no-passthrough")
-    try:
+    with mounted(src, mnt, cache, "--image-size", SIZE, "--no-passthrough"):
         yield mnt, cache, raw
-    finally:
-        stagefs_cli("umount", mnt)
-
-
-def stats(mnt):
-    with open(mnt / ".stagefs" / "stats") as f:
-        return json.load(f)
 
 
 def stats_after(mnt, before):

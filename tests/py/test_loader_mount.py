@@ -13,15 +13,9 @@ import stagefs
 sys.path.insert(0, os.path.dirname(__file__))
 import gen_dataset  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("STAGEFS_BIN", os.path.join(ROOT, "target", "debug", "stagefs"))
+from mounting import BIN, ROOT, stagefs_cli  # noqa: E402,F401  (BIN: other tests import it here)
+
 SIZE = 32
-
-
-def stagefs_cli(*args):
-    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"stagefs {args} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from 2 nodes to 1 covers the rest once."""
 
 import json
 import os
-import time
 import sys
 
 import numpy as np
@@ -25,7 +24,7 @@ import stagefs
 from stagefs import _native
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_loader_mount import stagefs_cli  # noqa: E402
+from mounting import mounted, stats, wait_stats  # noqa: E402
 
 CLASSES, PER_CLASS = 3, 40
 WORLD, LOCAL = 4, 2
@@ -58,17 +57,8 @@ def mount(tmp_path_factory):
         for i in range(PER_CLASS):
             Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(d / f"{i:03d}.png")
     mnt, cache = base / "mnt", base / "cache"
-    mnt.mkdir()
-    stagefs_cli("mount", src, mnt, "--cache", cache, "--stage-hinted", "--no-passthrough")
-    try:
+    with mounted(src, mnt, cache, "--stage-hinted", "--no-passthrough"):
         yield src, mnt
-    finally:
-        stagefs_cli("umount", mnt)
-
-
-def stats(mnt):
-    with open(mnt / ".stagefs" / "stats") as f:
-        return json.load(f)
 
 
 def test_dataloader_workers_read_this_nodes_files_once(mount):
@@ -101,11 +91,7 @@ def test_dataloader_workers_read_this_nodes_files_once(mount):
                      for i in mine)
     # The stats file is one rendering for up to 1 s (the same one `before` saw, if the epoch
     # was quick): wait for a fresh one.
-    deadline = time.time() + 5
-    s = stats(mnt)
-    while s["source_bytes_read"] - before < node_bytes and time.time() < deadline:
-        time.sleep(0.2)
-        s = stats(mnt)
+    s = wait_stats(mnt, lambda s: s["source_bytes_read"] - before >= node_bytes)
     read = s["source_bytes_read"] - before
     print(f"\nnode 1 read {read} bytes from the source for {node_bytes} bytes of its files "
           f"({n} files, {sum(os.path.getsize(p.replace(str(mnt), str(src), 1)) for p, _ in folder.samples)} bytes in all)")
