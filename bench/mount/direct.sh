@@ -35,18 +35,8 @@ ROWS_MB=${ROWS_MB:-2048} PY=${PY:-$REPO/.venv/bin/python} NVME_MBS=${NVME_MBS:-1
 SCRATCHES=${SCRATCHES:-disk nvme ram}
 [[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, loop devices, setpriv)" >&2; exit 1; }
 uid=$(id -u "$BENCH_USER")
-CG=  # the blkio cgroup that throttles the `nvme` scratch, while that scratch is measured
-as_user() {
-  if [[ -n $CG ]]; then
-    # Joins the cgroup first: every read of scratch by this command and its children (the
-    # daemon `stagefs run` starts included) is throttled.
-    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" \
-      setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
-  else
-    setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
-  fi
-}
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# shellcheck source=bench/mount/scratch.sh
+source "$HERE/scratch.sh"
 cpu_of() { awk -v t="$(getconf CLK_TCK)" '{ print ($14 + $15) / t }' "/proc/$1/stat"; }
 # rclone's cached mount (`--vfs-cache-mode full`), the peer a cluster user would pick, where
 # installed (Debian: apt-get install rclone); RCLONE= leaves it out.
@@ -57,12 +47,6 @@ gb=$(python3 -c "print($FILES * $MB / 1000)")
 # this file (readable by the user), which the loop below removes once the cache is dropped.
 mkdir -p "$WORK/req" && chown "$uid:$uid" "$WORK/req"
 export STAGEFS_BENCH_DROP=$WORK/req/drop
-dropper() {
-  while :; do
-    if [[ -e $STAGEFS_BENCH_DROP ]]; then drop; rm -f "$STAGEFS_BENCH_DROP"; fi
-    sleep 0.05
-  done
-}
 rows_gb=$(python3 -c "print($ROWS_MB * 1.048576 / 1000)")
 
 mkdir -p "$WORK/src"
@@ -92,7 +76,7 @@ cleanup() {
     mountpoint -q "$WORK/ramfs-$s" && umount -l "$WORK/ramfs-$s" || true
   done
 }
-dropper &
+dropper "$STAGEFS_BENCH_DROP" &
 dropper_pid=$!
 trap 'kill $dropper_pid 2>/dev/null; cleanup' EXIT
 echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; load at start: $(load)"
@@ -105,22 +89,9 @@ for s in $SCRATCHES; do
     # dataset, and warm opens are refused as not staged.
     src_mb=$(( $(du -sm "$WORK/src" | cut -f1) ))
     img_mb=$(( src_mb * 7 / 2 + 256 ))
-    mkdir -p "$WORK/ramfs-$s" "$S"
-    mountpoint -q "$WORK/ramfs-$s" || mount -t tmpfs -o size=$(( img_mb + 256 ))m tmpfs "$WORK/ramfs-$s"
-    if ! mountpoint -q "$S"; then
-      truncate -s "${img_mb}M" "$WORK/ramfs-$s/scratch.img"
-      mkfs.ext4 -q -F "$WORK/ramfs-$s/scratch.img"
-      mount -o loop "$WORK/ramfs-$s/scratch.img" "$S"
-    fi
+    ram_scratch "$S" "$WORK/ramfs-$s" "$img_mb"
   fi
-  if [[ $s == nvme ]]; then
-    CG=/sys/fs/cgroup/blkio/stagefs-nvme
-    mkdir -p "$CG"
-    dev=$(findmnt -n -o MAJ:MIN --target "$S" | tr -d ' ')
-    echo "$dev $((NVME_MBS * 1000000))" > "$CG/blkio.throttle.read_bps_device"
-    echo "$dev $((NVME_MBS * 1000000))" > "$CG/blkio.throttle.write_bps_device"
-    echo "nvme: $S on $(findmnt -n -o SOURCE --target "$S") ($dev), reads and writes throttled to $NVME_MBS MB/s"
-  fi
+  [[ $s == nvme ]] && throttle "$S" stagefs-nvme "$NVME_MBS"
   mkdir -p "$S"
   chown "$uid:$uid" "$S"
   as_user rm -rf "$S/local" "$S/cache" "$S/mnt"

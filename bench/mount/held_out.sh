@@ -22,15 +22,8 @@ BENCH_USER=${BENCH_USER:-stagefs-test}
 FILES=${FILES:-8} MB=${MB:-256} ROUNDS=${ROUNDS:-2} NVME_MBS=${NVME_MBS:-}
 [[ $(id -u) -eq 0 ]] || { echo "run as root (drop_caches, setpriv)" >&2; exit 1; }
 uid=$(id -u "$BENCH_USER")
-CG=
-as_user() {
-  if [[ -n $CG ]]; then  # every read and write of scratch by it and its children throttled
-    sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" \
-      setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
-  else
-    setpriv --reuid="$uid" --regid="$uid" --clear-groups env HOME=/tmp "$@"
-  fi
-}
+# shellcheck source=bench/mount/scratch.sh
+source "$HERE/scratch.sh"
 mkdir -p "$SCRATCH/src/large" "$SCRATCH/bin"
 chmod 755 "$SCRATCH" "$SCRATCH/src" "$SCRATCH/src/large" "$SCRATCH/bin"
 for i in $(seq 0 $((FILES - 1))); do
@@ -43,30 +36,13 @@ install -m 644 "$HERE/held_out_epochs.py" "$SCRATCH/bin/"
 U=$SCRATCH/user
 mkdir -p "$U"
 if [[ -n $NVME_MBS ]]; then
-  # The user's scratch: ext4 on a loop device over a tmpfs, throttled to NVME_MBS MB/s for
-  # the runs (a node's NVMe whose page cache drop_caches empties).
-  mb=$((FILES * MB * 5 / 2 + 512))
-  mkdir -p "$SCRATCH/ramfs"
-  mountpoint -q "$SCRATCH/ramfs" || mount -t tmpfs -o size=$((mb + 256))m tmpfs "$SCRATCH/ramfs"
-  if ! mountpoint -q "$U"; then
-    truncate -s "${mb}M" "$SCRATCH/ramfs/img" && mkfs.ext4 -q -F "$SCRATCH/ramfs/img"
-    mount -o loop "$SCRATCH/ramfs/img" "$U"
-  fi
-  CG=/sys/fs/cgroup/blkio/stagefs-heldout
-  mkdir -p "$CG"
-  dev=$(findmnt -n -o MAJ:MIN --target "$U" | tr -d " ")
-  echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.read_bps_device"
-  echo "$dev $((NVME_MBS * 1000000))" >"$CG/blkio.throttle.write_bps_device"
+  # The user's scratch: the local copy and the cache, each the whole source, and more.
+  ram_scratch "$U" "$SCRATCH/ramfs" $((FILES * MB * 5 / 2 + 512))
+  throttle "$U" stagefs-heldout "$NVME_MBS"
 fi
 chown "$uid:$uid" "$U" && chmod 700 "$U"
-# Drops the page cache whenever the script asks (it creates $U/drop and waits for it to go).
-dropper() {
-  while :; do
-    if [[ -e $U/drop ]]; then sync; echo 3 >/proc/sys/vm/drop_caches; rm -f "$U/drop"; fi
-    sleep 0.05
-  done
-}
-dropper & dpid=$!
+# The script asks for a drop before each epoch by creating $U/drop.
+dropper "$U/drop" & dpid=$!
 finish() {
   kill $dpid 2>/dev/null
   fusermount3 -uz "$U/mnt" 2>/dev/null || true

@@ -50,6 +50,10 @@ def epoch() -> dict:
         th.join()
     secs = time.monotonic() - t
     c1, d1 = os.times(), daemon_cpu(pid)
+    if mnt:
+        # A rendering of the stats file is served for up to 1 s: wait for one made after the
+        # epoch, or its opens are counted in the next epoch's.
+        time.sleep(1.1)
     st1 = stats()
     out = {"secs": secs, "cpu": (c1.user - c0.user) + (c1.system - c0.system),
            "daemon_cpu": d1 - d0}
