@@ -37,9 +37,8 @@ pub struct Stats {
     pub bytes_passthrough: AtomicU64,
     /// Descriptors of verified copies handed to readers over the control socket.
     pub direct_opens: AtomicU64,
-    /// Direct opens refused (the reader falls back to the mount).
-    pub direct_refused: AtomicU64,
-    /// Refused direct opens by reason code (one lock per refusal: an open, not a read).
+    /// Refused direct opens (the reader falls back to the mount) by reason code; their sum
+    /// is `direct_refused`. One lock per refusal: an open, not a read.
     direct_refused_by: Mutex<BTreeMap<&'static str, u64>>,
     /// Bytes of files handed out as direct descriptors (each file's size, per open).
     pub bytes_direct: AtomicU64,
@@ -210,7 +209,6 @@ impl Default for Stats {
             passthrough_opens: AtomicU64::new(0),
             bytes_passthrough: AtomicU64::new(0),
             direct_opens: AtomicU64::new(0),
-            direct_refused: AtomicU64::new(0),
             direct_refused_by: Mutex::new(BTreeMap::new()),
             bytes_direct: AtomicU64::new(0),
             bytes_pushed: AtomicU64::new(0),
@@ -242,7 +240,6 @@ impl Default for Stats {
 impl Stats {
     /// Counts a refused direct open with its reason `code` (the protocol's refusal code).
     pub fn count_refusal(&self, code: &'static str) {
-        self.direct_refused.fetch_add(1, Relaxed);
         *lock(&self.direct_refused_by).entry(code).or_insert(0) += 1;
     }
 
@@ -294,6 +291,7 @@ impl Stats {
                 .now_ns()
                 .saturating_sub(self.stall_since_ns.load(Relaxed));
         }
+        let refused_by = lock(&self.direct_refused_by).clone();
         StatsSnapshot {
             uptime_s: self.started.elapsed().as_secs_f64(),
             bytes_from_cache: from_cache,
@@ -303,8 +301,8 @@ impl Stats {
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
             direct_opens: self.direct_opens.load(Relaxed),
-            direct_refused: self.direct_refused.load(Relaxed),
-            direct_refused_by: lock(&self.direct_refused_by)
+            direct_refused: refused_by.values().sum(),
+            direct_refused_by: refused_by
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
