@@ -35,27 +35,14 @@ fi
 
 T=$(mktemp -d /tmp/stagefs-slurm.XXXXXX)
 chmod 0755 "$T"
-PASSED=0
-FAILED=0
 cleanup() {
   "$ROOT/scripts/slurm/stop.sh" "$T/slurm" >/dev/null 2>&1
   rm -rf "$T"
 }
 trap cleanup EXIT
 
-ok() { echo "ok - $*"; PASSED=$((PASSED + 1)); }
-not_ok() {
-  echo "not ok - $*"
-  FAILED=$((FAILED + 1))
-  echo "--- job outputs:"; tail -n 40 "$T"/jobs/*.out 2>/dev/null
-  echo "--- slurmctld:"; tail -n 15 "$T/slurm/log/slurmctld.log" 2>/dev/null
-  echo "--- slurmd:"; tail -n 15 "$T/slurm/log/slurmd.log" 2>/dev/null
-}
-check() { # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if "$@"; then ok "$what"; else not_ok "$what"; fi
-}
+# shellcheck source=tests/slurm_tap.sh
+source "$ROOT/tests/slurm_tap.sh"
 job_field() { scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 wait_done() { # wait_done JOBID TIMEOUT_S -> prints the final state
   local state
@@ -88,7 +75,7 @@ same_data() { # the trainer's seen.txt lists exactly the files (and hashes) of P
 export SLURM_SCRATCH_ROOT="$T/scratch"
 if ! SLURM_KILLWAIT=20 "$ROOT/scripts/slurm/start.sh" "$T/slurm" >/dev/null; then
   not_ok "private SLURM cluster starts"
-  echo "$PASSED passed, $FAILED failed"
+  summary
   exit 1
 fi
 export SLURM_CONF="$T/slurm/slurm.conf"
@@ -222,5 +209,4 @@ EOF2
   grep -E "^(train:|resumed|checkpoint|SIGUSR1|stagefs run: SIGUSR1)" "$LOG" | sed 's/^/    /'
 fi
 
-echo "$PASSED passed, $FAILED failed"
-[ "$FAILED" = 0 ]
+summary

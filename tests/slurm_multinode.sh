@@ -29,8 +29,6 @@ fi
 
 T=$(mktemp -d /tmp/stagefs-slurm-mn.XXXXXX)
 chmod 0755 "$T"
-PASSED=0
-FAILED=0
 cleanup() {
   "$ROOT/scripts/slurm/stop.sh" "$T/slurm" >/dev/null 2>&1
   for m in "$T"/scratch/*/node*/data; do
@@ -39,17 +37,12 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-ok() { echo "ok - $*"; PASSED=$((PASSED + 1)); }
-not_ok() {
-  echo "not ok - $*"
-  FAILED=$((FAILED + 1))
-  tail -n 40 "$T"/jobs/*.out 2>/dev/null
-}
-check() { local what=$1; shift; if "$@"; then ok "$what"; else not_ok "$what"; fi; }
+# shellcheck source=tests/slurm_tap.sh
+source "$ROOT/tests/slurm_tap.sh"
 
 if ! "$ROOT/scripts/slurm/start.sh" "$T/slurm" >/dev/null; then
   not_ok "private SLURM cluster starts"
-  echo "$PASSED passed, $FAILED failed"
+  summary
   exit 1
 fi
 export SLURM_CONF="$T/slurm/slurm.conf"
@@ -100,5 +93,4 @@ EOF
 check "every sample once per epoch; the 2 mounts read $verdict (dataset $SIZE)" test "${verdict%% *}" = ok
 check "only node 0's outputs are synced home" \
   test -f "$T/bigdata/runs/$job/from-node0" -a ! -e "$T/bigdata/runs/$job/from-node1"
-echo "$PASSED passed, $FAILED failed"
-[ "$FAILED" = 0 ]
+summary

@@ -115,6 +115,11 @@ impl Scope {
 
     /// The parts of `r` inside file `node`'s scope; `None` when the file has none (no limit).
     pub fn clip(&self, node: NodeId, r: Range<u64>) -> Option<Vec<Range<u64>>> {
+        // The FUSE read path asks at each read-ahead step: a mount nobody declared a part to
+        // (one node, or no Loader) answers without taking the lock.
+        if !self.is_active() {
+            return None;
+        }
         let declared = lock(&self.files);
         let f = declared.files.get(&node)?;
         let from = f.ranges.partition_point(|x| x.end <= r.start);
