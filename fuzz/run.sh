@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 BIN="target/$HOST/release"
-TARGETS=(npy_header image_render table_parquet parquet_pages table_csv clean_csv cache_index)
+TARGETS=(npy_header image_render table_parquet parquet_pages table_csv clean_csv cache_index protocol_request)
 
 # Largest input per target: enough for every structure of its format, small enough that the
 # fuzzer spends its time on structure rather than on long bodies.
@@ -23,6 +23,8 @@ max_len() {
     table_parquet | parquet_pages) echo 4096 ;;
     table_csv | clean_csv) echo 1024 ;;
     cache_index) echo 4096 ;;
+    # Past MAX_LINE (64 KiB) so the too-long path is reached, and deep nesting fits.
+    protocol_request) echo 70000 ;;
     *) echo "unknown target $1" >&2; return 1 ;;
   esac
 }

@@ -14,6 +14,19 @@
 # Afterwards: $VENV_PY is the environment's python, .venv/bin is first on PATH.
 # shellcheck shell=bash
 STAGEFS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# One target directory for every worktree of a clone: a linked worktree (`git worktree add`)
+# builds into the main worktree's target/ unless CARGO_TARGET_DIR says otherwise, so N
+# worktrees do not fill the disk with N copies of arrow and parquet (docs/development.md#worktrees).
+if [[ -z "${CARGO_TARGET_DIR:-}" ]]; then
+  _common=$(git -C "$STAGEFS_ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+  _gitdir=$(git -C "$STAGEFS_ROOT" rev-parse --path-format=absolute --git-dir 2>/dev/null || true)
+  if [[ -n $_common && $_common != "$_gitdir" && $(basename "$_common") == .git ]]; then
+    export CARGO_TARGET_DIR="$(dirname "$_common")/target"
+  fi
+  unset _common _gitdir
+fi
+# Where cargo puts what it builds (the binary the tests run is $STAGEFS_TARGET/debug/stagefs).
+STAGEFS_TARGET=${CARGO_TARGET_DIR:-$STAGEFS_ROOT/target}
 VENV=$STAGEFS_ROOT/.venv
 VENV_PY=$VENV/bin/python
 # The accounts the tests switch to (as root) to check a normal user's mount and the security

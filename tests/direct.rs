@@ -18,27 +18,42 @@ use stagefs_test_support::{test, Need};
 const MB: usize = 1 << 20;
 const FILES: [&str; 3] = ["f0.bin", "d/f1.bin", "f2.bin"];
 
-/// A directory holding `stagefs` and the library beside it, as the wheel installs them
-/// (hard links, or copies with `copy`: files another user will own).
+/// A directory holding `stagefs` (hard link, or a copy with `copy`: a file another user will
+/// own). The binary carries the direct-read library: nothing goes beside it.
 fn install(dir: &Path, copy: bool) -> PathBuf {
-    let bin_dir = Path::new(BIN).parent().unwrap();
-    // deps/ first: cargo rebuilds it for these tests (a dev-dependency); the one beside the
-    // binary is only as fresh as the last `cargo build -p stagefs-preload`.
-    let lib = [
-        bin_dir.join("deps/libstagefs_direct.so"),
-        bin_dir.join("libstagefs_direct.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("libstagefs_direct.so is built with the tests (dev-dependency stagefs-preload)");
     fs::create_dir_all(dir).unwrap();
-    for (from, to) in [(Path::new(BIN), "stagefs"), (&*lib, "libstagefs_direct.so")] {
-        let to = dir.join(to);
-        if copy || fs::hard_link(from, &to).is_err() {
-            fs::copy(from, &to).unwrap();
-        }
+    let to = dir.join("stagefs");
+    if copy || fs::hard_link(BIN, &to).is_err() {
+        fs::copy(BIN, &to).unwrap();
     }
-    dir.join("stagefs")
+    to
+}
+
+/// The library `stagefs run` writes out (into its first mount's cache), for a test that sets
+/// `LD_PRELOAD` itself: from a throwaway `stagefs run` of `true` over `src`.
+fn written_library(t: &Path, src: &Path) -> PathBuf {
+    let (mnt, cache) = (t.join("lib-mnt"), t.join("lib-cache"));
+    let o = Command::new(BIN)
+        .arg("run")
+        .arg("--mount")
+        .arg(format!(
+            "{}:{}:{}",
+            src.display(),
+            mnt.display(),
+            cache.display()
+        ))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let lib = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "so"))
+        .expect("stagefs run wrote its library into the cache");
+    let keep = t.join("libstagefs_direct.so");
+    fs::copy(&lib, &keep).unwrap();
+    keep
 }
 
 /// A source of three large files and a small one; the reader compiled (`static`: also a
@@ -71,6 +86,29 @@ fn setup(tmp: &Path, static_too: bool) -> PathBuf {
     src
 }
 
+/// Gives the tree `t` to user `uid` (`chown -R`), its top directory 0755.
+fn give_to(uid: u32, t: &Path) {
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(t)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::set_permissions(t, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `setpriv` to user `uid` (its own group, no others): the program and its arguments follow.
+fn as_user(uid: u32) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+    ]);
+    c
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -87,8 +125,10 @@ fn stats(path: &Path) -> serde_json::Value {
 /// As `stagefs-test`: `stagefs run` preloads the library; the C program (open, openat,
 /// fopen, fopen64; with and without close-on-exec) gets direct descriptors of the staged
 /// files, byte-exact, counted by the daemon, their fstat the path's file (`cp` copies them:
-/// regression, it refused "replaced while being copied" when fstat showed the cache's copy). The small file, a static build, `--no-direct` and
-/// `STAGEFS_DIRECT=0` read through the mount.
+/// regression, it refused "replaced while being copied" when fstat showed the cache's copy).
+/// The small file opens its copy itself, through the direct table (no round trip, counted in
+/// `direct_table_opens`). A static build, `--no-direct` and `STAGEFS_DIRECT=0` read through
+/// the mount.
 fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let uid = stagefs_test_support::uid_of("stagefs-test").unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -97,31 +137,19 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let bin = install(&t.join("bin"), true);
     let out = t.join("out");
     fs::create_dir(&out).unwrap();
-    let st = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(t)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    fs::set_permissions(t, fs::Permissions::from_mode(0o755)).unwrap();
+    give_to(uid, t);
     let (mnt, cache) = (t.join("mnt"), t.join("cache"));
     let spec = format!("{}:{}:{}", src.display(), mnt.display(), cache.display());
     let run = |extra: &[&str], env: &[(&str, &str)], script: String| {
-        let mut c = Command::new("setpriv");
-        c.args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-        ])
-        .arg(&bin)
-        .args(["run", "--mount", &spec])
-        .args(extra)
-        .args(["--", "sh", "-c", &script])
-        .current_dir(t)
-        .env("HOME", t)
-        .env_remove("LD_PRELOAD")
-        .env_remove("STAGEFS_DIRECT");
+        let mut c = as_user(uid);
+        c.arg(&bin)
+            .args(["run", "--mount", &spec])
+            .args(extra)
+            .args(["--", "sh", "-c", &script])
+            .current_dir(t)
+            .env("HOME", t)
+            .env_remove("LD_PRELOAD")
+            .env_remove("STAGEFS_DIRECT");
         for (k, v) in env {
             c.env(k, v);
         }
@@ -132,7 +160,7 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let script = format!(
         "./reader {m} {s} 60 {files} f0.bin && cp {m}/f0.bin out/f0.copy && \
          cmp out/f0.copy {s}/f0.bin && sleep 1.2 && cat {m}/.stagefs/stats > out/before.json && \
-         ./reader {m} {s} 0 small.txt && \
+         ./reader {m} {s} 60 small.txt && \
          sleep 1.2 && cat {m}/.stagefs/stats > out/direct.json && \
          ./reader-static {m} {s} 0 {files} > out/static.txt && \
          sleep 1.2 && cat {m}/.stagefs/stats > out/static.json"
@@ -142,15 +170,18 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("direct 4 of 4"), "{}", text(&o));
     assert!(
-        stdout.contains("direct 0 of 1"),
+        stdout.contains("direct 1 of 1"),
         "the small file: {}",
         text(&o)
     );
     let d = stats(&out.join("direct.json"));
-    // The small file was not even asked about (the library stats it first).
+    // The small file went through the table: opened by the reader itself.
     let before = stats(&out.join("before.json"));
-    assert_eq!(d["direct_refused"], before["direct_refused"], "{d}");
-    assert!(d["direct_opens"].as_u64().unwrap() >= 4, "{d}");
+    assert!(
+        d["direct_table_opens"].as_u64().unwrap() > before["direct_table_opens"].as_u64().unwrap(),
+        "{d}"
+    );
+    assert!(d["direct_opens"].as_u64().unwrap() >= 5, "{d}");
     assert!(
         d["bytes_direct"].as_u64().unwrap() >= 4 * 12 * MB as u64,
         "{d}"
@@ -164,12 +195,7 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
     assert_eq!(s2["direct_opens"], d["direct_opens"], "{s2}");
     // Another user cannot reach the control socket (0700 cache directory, 0600 socket).
     let uid2 = stagefs_test_support::uid_of("stagefs-test2").unwrap();
-    let mut held = Command::new("setpriv")
-        .args([
-            &format!("--reuid={uid}"),
-            &format!("--regid={uid}"),
-            "--clear-groups",
-        ])
+    let mut held = as_user(uid)
         .arg(&bin)
         .args(["run", "--mount", &spec, "--", "sh", "-c"])
         .arg("touch out/ready; while [ ! -e out/go ]; do sleep 0.05; done")
@@ -184,11 +210,8 @@ fn c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let socket = cache.join(stagefs_protocol::SOCKET_NAME);
-    let other = Command::new("setpriv")
+    let other = as_user(uid2)
         .args([
-            &format!("--reuid={uid2}"),
-            &format!("--regid={uid2}"),
-            "--clear-groups",
             "/usr/bin/python3",
             "-c",
             "import socket, sys\n\
@@ -321,16 +344,12 @@ fn killed_daemon_under_a_preloaded_program_hangs_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let src = setup(t, false);
-    let bin_dir = t.join("bin");
-    install(&bin_dir, false);
+    let lib = written_library(t, &src);
     let mut m = Mount::new(t, &src, &[]);
     let m_s = (m.mnt.display().to_string(), src.display().to_string());
     let socket = m.stats()["hint_socket"].as_str().unwrap().to_string();
     let env = [
-        (
-            "LD_PRELOAD",
-            bin_dir.join("libstagefs_direct.so").display().to_string(),
-        ),
+        ("LD_PRELOAD", lib.display().to_string()),
         (
             "STAGEFS_DIRECT_MOUNTS",
             format!("{}={socket}", fs::canonicalize(&m.mnt).unwrap().display()),
@@ -409,10 +428,11 @@ fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
     let t = tmp.path();
     let src = t.join("src");
     fs::create_dir_all(&src).unwrap();
-    let (rows, big_row, small_row) = (600u64, 20_000u64, 4u64);
+    let (rows, big_row, small_row) = (600u64, 20_000u64, 3000u64);
     npy_rows(&src.join("x.npy"), rows, big_row);
     npy_rows(&src.join("y.npy"), rows, small_row);
-    let m = Mount::new(t, &src, &[]);
+    // No background staging: y.npy stays unstaged until it is read.
+    let m = Mount::new(t, &src, &["--stage-hinted"]);
     let (x, y) = (m.mnt.join("x.npy"), m.mnt.join("y.npy"));
     let config = |direct| LoaderConfig {
         batch_size: 64,
@@ -442,10 +462,7 @@ fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
     };
     let status = l.direct_status();
     assert_eq!(status[0].0, x);
-    assert_eq!(
-        status[1].1.as_deref(),
-        Some("a small file packed in a segment")
-    );
+    assert_eq!(status[1].1.as_deref(), Some("not staged yet"));
     let row = |r: u64, rb: u64| (0..rb).map(move |i| ((r * 7 + i) % 251) as u8);
     let order = l.order(0);
     let mut seen = 0;
@@ -472,27 +489,119 @@ fn loader_reads_staged_npy_direct_and_falls_back_per_file_with_a_reason() {
     assert_eq!(m.stats()["direct_pins"], 1);
     drop(b);
     drop(e);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while m.stats()["direct_pins"] != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the pin outlived the loader's last reader"
-        );
+    m.wait_stats_now("the pin released with the loader's last reader", |s| {
+        s["direct_pins"] == 0
+    });
+    // Once read (staged), the small file is direct too: a copy of its own, unpinned.
+    let _ = fs::read(&y).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = loader(true);
+        if l.direct_status().iter().all(|(_, why)| why.is_none()) {
+            let (e, b) = (
+                l.epoch(0).unwrap().count(),
+                m.stats()["direct_pins"].clone(),
+            );
+            assert!(e > 0);
+            assert_eq!(b, 1, "only the large file is pinned");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{:?}", l.direct_status());
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(1200));
-    let before = m.stats()["direct_opens"].clone();
+    // The counters now (stats_now), not a rendering of the stats file kept while it is read.
+    let before = m.stats_now()["direct_opens"].clone();
     let off = loader(false);
     assert!(off.direct_status().is_empty());
-    // A fresh rendering of the stats file (one is served for up to a second while read).
-    std::thread::sleep(Duration::from_millis(1200));
-    assert_eq!(m.stats()["direct_opens"], before);
+    assert_eq!(m.stats_now()["direct_opens"], before);
+}
+
+/// Every case of `tests/direct/libc_cases.c` (the cases list), as `stagefs run` gives them.
+const LIBC_CASES: [&str; 17] = [
+    "warm",
+    "errno",
+    "o_path",
+    "o_directory",
+    "o_nofollow",
+    "writes",
+    "relative_openat",
+    "fchdir",
+    "openat2",
+    "dup",
+    "close_range",
+    "threads",
+    "fd_limit",
+    "signal",
+    "mmap",
+    "fork_exec",
+    "vfork_spawn",
+];
+
+/// The preload library as a libc citizen, as a normal user under `stagefs run`: errno kept,
+/// `O_PATH`, `O_DIRECTORY`, `O_NOFOLLOW`, writes and `O_CREAT` (the kernel's own answer, never
+/// the cache), relative `openat` on a directory descriptor of the mount, `fchdir`, `openat2`,
+/// the `dup` family, `close_range`, threads racing, the descriptor limit, a signal handler that
+/// opens, `mmap`, `fork`/`exec`, `vfork`/`posix_spawn`: each case compared with the source's
+/// bytes or a raw system call's answer (tests/direct/libc_cases.c).
+fn preload_keeps_libc_semantics_case_by_case() {
+    let uid = stagefs_test_support::uid_of("stagefs-test").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let src = t.join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("big.bin"), pattern(7, 12 * MB + 99)).unwrap();
+    fs::write(src.join("small.bin"), pattern(8, 100_000)).unwrap();
+    fs::write(src.join("d/f.bin"), pattern(9, 50_000)).unwrap();
+    std::os::unix::fs::symlink("big.bin", src.join("link.bin")).unwrap();
+    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/direct/libc_cases.c");
+    let o = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(t.join("libc_cases"))
+        .arg(&c)
+        .output()
+        .expect("cc is needed for this test");
+    assert!(o.status.success(), "cc: {}", text(&o));
+    let bin = install(&t.join("bin"), true);
+    give_to(uid, t);
+    let (mnt, cache) = (t.join("mnt"), t.join("cache"));
+    let spec = format!("{}:{}:{}", src.display(), mnt.display(), cache.display());
+    let (m, s) = (mnt.display(), src.display());
+    let o = as_user(uid)
+        .arg("timeout")
+        .arg("300")
+        .arg(&bin)
+        .args(["run", "--mount", &spec, "--", "sh", "-c"])
+        .arg(format!(
+            "cat {m}/big.bin {m}/small.bin {m}/d/f.bin > /dev/null && ./libc_cases {m} {s} all"
+        ))
+        .current_dir(t)
+        .env("HOME", t)
+        .env_remove("LD_PRELOAD")
+        .env_remove("STAGEFS_DIRECT")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    for case in LIBC_CASES {
+        assert!(
+            out.lines().any(|l| l == format!("ok {case}")),
+            "case {case}: {}",
+            text(&o)
+        );
+    }
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(
             c_program_under_stagefs_run_reads_staged_files_direct_as_a_normal_user,
+            Need::Fuse,
+            Need::Root,
+            Need::Accounts,
+            Need::UserFuse
+        ),
+        test!(
+            preload_keeps_libc_semantics_case_by_case,
             Need::Fuse,
             Need::Root,
             Need::Accounts,

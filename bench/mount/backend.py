@@ -71,8 +71,9 @@ def probe(device: str, streams: int, total: int) -> dict:
 
 
 def preload_env(stagefs: str, mnt: str, socket: str) -> dict:
-    """The environment `stagefs run` gives its command: the direct-read library (next to the
-    binary) in LD_PRELOAD, and the mount with its control socket."""
+    """The environment `stagefs run` gives its command: the direct-read library (the one the
+    binary carries, written beside it by run.sh) in LD_PRELOAD, and the mount with its control
+    socket."""
     lib = os.path.join(os.path.dirname(stagefs), "libstagefs_direct.so")
     return {**os.environ, "LD_PRELOAD": lib,
             "STAGEFS_DIRECT_MOUNTS": f"{os.path.realpath(mnt)}={socket}"}

@@ -3,7 +3,9 @@
 # -- script` as a normal user with no other flags. The script (held_out_epochs.py) reads every
 # file under MNT/large with 8 Python threads, three times: epoch 1 from a fresh cache, then two
 # warm epochs in the same mount, the page cache dropped before each (the script asks; root drops
-# it: a normal user cannot). Then the same script over a local copy on the same scratch. Prints
+# it: a normal user cannot). Then a second `stagefs run` on the warm cache, one epoch (the next
+# job of a chain, against the local copy's first epoch). Then the same script over a local copy
+# on the same scratch. Prints
 # the seconds of each epoch, the warm epochs' ratio to the local copy's, and the daemon's direct
 # counters.
 #
@@ -31,7 +33,6 @@ for i in $(seq 0 $((FILES - 1))); do
 done
 chmod 644 "$SCRATCH"/src/large/*
 install -m 755 "$STAGEFS" "$SCRATCH/bin/stagefs"
-install -m 755 "$(dirname "$STAGEFS")/libstagefs_direct.so" "$SCRATCH/bin/"
 install -m 644 "$HERE/held_out_epochs.py" "$SCRATCH/bin/"
 U=$SCRATCH/user
 mkdir -p "$U"
@@ -57,13 +58,19 @@ for r in $(seq 1 "$ROUNDS"); do
   as_user mkdir -p "$U/mnt"
   m=$(as_user "$SCRATCH/bin/stagefs" run --mount "$SCRATCH/src:$U/mnt:$U/cache" -- \
     python3 "$SCRATCH/bin/held_out_epochs.py" "$U/mnt/large" "$U/drop" "$U/mnt")
+  # Job 2: a new `stagefs run` on the warm cache (the next job of a chain), its first epoch.
+  j2=$(as_user env EPOCHS=1 "$SCRATCH/bin/stagefs" run --mount "$SCRATCH/src:$U/mnt:$U/cache" -- \
+    python3 "$SCRATCH/bin/held_out_epochs.py" "$U/mnt/large" "$U/drop" "$U/mnt")
   as_user cp -r "$SCRATCH/src" "$U/local"
   l=$(as_user python3 "$SCRATCH/bin/held_out_epochs.py" "$U/local/large" "$U/drop")
-  python3 - "$r" "$m" "$l" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
+  python3 - "$r" "$m" "$l" "$(cut -d' ' -f1 /proc/loadavg)" "$j2" <<'PY'
 import json, sys
 r, m, l, load = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+j2 = json.loads(sys.argv[5])["epochs"][0]
 gb = m["bytes"] / 1e9
-for k, (a, b) in enumerate(zip(m["epochs"], l["epochs"]), 1):
+pairs = list(zip(m["epochs"], l["epochs"])) + [(j2, l["epochs"][0])]
+for k, (a, b) in enumerate(pairs, 1):
+    k = k if k <= len(m["epochs"]) else "1 of job 2 (remount)"
     print(f"round {r} epoch {k}: mount {a['secs']:.2f} s, local {b['secs']:.2f} s "
           f"(mount x local {b['secs'] / a['secs']:.2f}) | CPU-s/GB mount {(a['cpu'] + a['daemon_cpu']) / gb:.2f} "
           f"(daemon {a['daemon_cpu'] / gb:.2f}), local {b['cpu'] / gb:.2f} | direct opens "

@@ -151,8 +151,13 @@ mkdir -p "$WORK" "$NBD" "$BIGDATA" "$RAM" "$MNT" "$RESULTS" "$BIN"
 chmod 0755 "$WORK" "$BIN"
 chown "$BENCH_USER:" "$MNT" && chmod 0755 "$MNT"
 install -m 0755 "$STAGEFS_SRC" "$BIN/stagefs"
-# The direct side preloads it, from next to the binary as `stagefs run` does.
-install -m 0755 "$(dirname "$STAGEFS_SRC")/libstagefs_direct.so" "$BIN/"
+# The direct side preloads the library the binary carries, as `stagefs run` writes it out
+# (into its first mount's cache): taken from a throwaway run.
+lib_tmp=$(mktemp -d)
+mkdir "$lib_tmp/src" "$lib_tmp/mnt"
+"$BIN/stagefs" run --mount "$lib_tmp/src:$lib_tmp/mnt:$lib_tmp/cache" -- true 2>/dev/null
+install -m 0755 "$lib_tmp"/cache/direct-*.so "$BIN/libstagefs_direct.so"
+rm -rf "$lib_tmp"
 install -m 0644 "$HERE"/*.py "$BIN/"
 COMMIT=$(git -C "$REPO" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
 export BENCH_COMMIT="$COMMIT (binary $(stat -c %y "$STAGEFS_SRC" | cut -d. -f1))"

@@ -46,11 +46,13 @@ use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::staging::SMALL_FILE;
 use stagefs_prefetch::{EntryId, FileKind};
 pub use stagefs_protocol::{Granted, Refusal, MAX_PINS, MAX_PINS_PER_CONNECTION};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::control::{CONTROL_DIR, VIEW_DIR};
+use crate::direct_table::DirectTable;
 use crate::files::is_large;
 use crate::handle::{MountHandle, VerifyQueue};
+use crate::snapshot::{NodeAttr, NodeId};
 
 // Clients skip files this small without asking (stagefs_protocol::SMALL_FILE).
 const _: () = assert!(stagefs_protocol::SMALL_FILE == SMALL_FILE);
@@ -58,6 +60,8 @@ const _: () = assert!(stagefs_protocol::SMALL_FILE == SMALL_FILE);
 /// The direct-descriptor service of a mount: grants, refusals and the pins of all connections.
 pub struct DirectService {
     mount: MountHandle,
+    /// The copies a reader may open itself ([`crate::direct_table`]).
+    table: Arc<DirectTable>,
     /// Under `--revalidate` every direct open is refused (see the module docs).
     revalidating: bool,
     /// Where complete copies not verified yet are queued.
@@ -146,6 +150,7 @@ impl DirectService {
     pub fn new(mount: MountHandle, revalidating: bool, verify: Arc<VerifyQueue>) -> DirectService {
         DirectService {
             mount,
+            table: Arc::new(DirectTable::default()),
             revalidating,
             verify,
             pins: AtomicUsize::new(0),
@@ -155,6 +160,31 @@ impl DirectService {
             started: Instant::now(),
             reader_verified_ms: AtomicU64::new(0),
         }
+    }
+
+    /// The mount's direct table.
+    pub fn table(&self) -> &Arc<DirectTable> {
+        &self.table
+    }
+
+    /// Opens and bytes readers counted through the direct table.
+    pub fn table_counted(&self) -> (u64, u64) {
+        self.table.counted()
+    }
+
+    /// Answers a `direct_table` request: runs `f` with the table's descriptors, or says why
+    /// there are none.
+    pub fn with_table<R>(
+        &self,
+        f: impl FnOnce([std::os::fd::BorrowedFd<'_>; 3]) -> R,
+    ) -> Result<R, Refusal> {
+        if self.mount.stopped() {
+            return Err(Refusal::Stopping);
+        }
+        if self.revalidating {
+            return Err(Refusal::Revalidate);
+        }
+        self.table.with_fds(f).ok_or(Refusal::NotReady)
     }
 
     /// Milliseconds since the service started (at least 1: 0 means never).
@@ -236,8 +266,11 @@ impl DirectService {
             FileKind::Symlink => return Err(Refusal::Symlink),
             _ => return Err(Refusal::NotRegular),
         }
+        if attr.size == 0 {
+            return Err(Refusal::NotStaged);
+        }
         if !is_large(attr.size) {
-            return Err(Refusal::Small);
+            return self.grant_whole(node, &attr);
         }
         if pins.held.len() >= MAX_PINS_PER_CONNECTION {
             return Err(Refusal::PinsFull);
@@ -262,23 +295,12 @@ impl DirectService {
         };
         let store = self.mount.store();
         let mut pinned = store.pin_passthrough(state.entry);
-        if pinned.is_none() && store.is_complete(state.entry) {
-            // A complete copy not verified in this mount yet (a remount's copies are verified
-            // in the background, which an epoch starting at once outruns): verify it now,
-            // through the page cache, so the caller's reads that follow come from memory. The
-            // first epoch after a remount then reads direct instead of through FUSE.
-            self.reader_verified_ms.store(self.now_ms(), Relaxed);
-            if store.verify_for_reader(state.entry) {
-                pinned = store.pin_passthrough(state.entry);
-            }
+        if pinned.is_none() && self.trust_for_reader(state.entry) {
+            pinned = store.pin_passthrough(state.entry);
         }
         let Some(file) = pinned else {
             unreserve();
-            if store.is_complete(state.entry) {
-                self.verify.queue(state.entry);
-                return Err(Refusal::Verifying);
-            }
-            return Err(Refusal::NotStaged);
+            return Err(self.not_trusted(state.entry));
         };
         let fd = OwnedFd::from(file);
         if let Err(why) = read_only_copy(&fd, attr.size, attr.mtime_ns) {
@@ -302,17 +324,82 @@ impl DirectService {
         ))
     }
 
+    /// A small file's copy, unpinned (pin 0): it is evicted whole, by unlinking, so an open
+    /// descriptor of it always reads all of its bytes.
+    fn grant_whole(&self, node: NodeId, attr: &NodeAttr) -> Result<(OwnedFd, Granted), Refusal> {
+        let state = self
+            .mount
+            .files()
+            .state(node, attr)
+            .map_err(|_| Refusal::NotFound)?;
+        let store = self.mount.store();
+        let mut got = store.open_whole(state.entry);
+        if got.is_none() && self.trust_for_reader(state.entry) {
+            got = store.open_whole(state.entry);
+        }
+        let Some((file, t)) = got else {
+            return Err(self.not_trusted(state.entry));
+        };
+        let fd = OwnedFd::from(file);
+        if t.size != attr.size || read_only_copy(&fd, attr.size, attr.mtime_ns).is_err() {
+            return Err(Refusal::NotStaged);
+        }
+        Ok((
+            fd,
+            Granted {
+                pin: 0,
+                size: attr.size,
+                mtime_ns: attr.mtime_ns,
+            },
+        ))
+    }
+
+    /// Trusts a complete copy not yet trusted in this mount, for a reader that opens it now:
+    /// an earlier mount's record if it still matches (no read), else the copy read through the
+    /// page cache its reader then reads from (a remount's copies are checked in the
+    /// background, which an epoch starting at once outruns).
+    fn trust_for_reader(&self, id: EntryId) -> bool {
+        let store = self.mount.store();
+        if !store.is_complete(id) {
+            return false;
+        }
+        if store.check_trust(id) {
+            return true;
+        }
+        self.reader_verified_ms.store(self.now_ms(), Relaxed);
+        store.verify_for_reader(id)
+    }
+
+    /// Why an untrusted copy is refused (and its verification queued if it is complete).
+    fn not_trusted(&self, id: EntryId) -> Refusal {
+        if self.mount.store().is_complete(id) {
+            self.verify.queue(id);
+            Refusal::Verifying
+        } else {
+            Refusal::NotStaged
+        }
+    }
+
     /// Verifies, one after another on a background thread, the complete copies this mount
     /// found in the cache (see the module docs). Ends early when the mount stops.
     pub(crate) fn verify_copies(&self) {
         let store = self.mount.store();
         let ids = store.unverified_copies();
         let n = ids.len();
-        if n == 0 || !self.pause(BACKGROUND_VERIFY_DELAY) {
+        // First the earlier mounts' records: one fstatat each, no read; then the table holds
+        // everything trusted and says so.
+        let unchecked: Vec<EntryId> = ids
+            .into_iter()
+            .filter(|&id| !store.check_trust(id))
+            .collect();
+        self.table.complete();
+        let trusted = n - unchecked.len();
+        if unchecked.is_empty() || !self.pause(BACKGROUND_VERIFY_DELAY) {
+            debug!(copies = n, trusted, "cached copies checked after mount");
             return;
         }
         let mut ok = 0usize;
-        for id in ids {
+        for id in &unchecked {
             // Readers verifying their own copies go first (see READERS_QUIET).
             loop {
                 let last = self.reader_verified_ms.load(Relaxed);
@@ -328,15 +415,15 @@ impl DirectService {
             if self.mount.stopped() {
                 return;
             }
-            ok += usize::from(store.verify(id));
+            ok += usize::from(store.verify(*id));
         }
-        if n > 0 {
-            debug!(
-                copies = n,
-                intact = ok,
-                "cached copies verified after mount"
-            );
-        }
+        info!(
+            copies = n,
+            trusted,
+            verified = unchecked.len(),
+            intact = trusted + ok,
+            "cached copies checked after mount"
+        );
     }
 
     /// Direct descriptors pinned now, by all connections.

@@ -52,10 +52,10 @@ const ACTIVE_FILES: usize = 4096;
 /// Bytes all files' remembered blocks may hold together: 64 readers streaming 1 MiB blocks.
 pub const MEMO_BUDGET: u64 = 64 << 20;
 
-/// Whether a file of `size` bytes is *large*: over the staging threshold [`SMALL_FILE`]. The
-/// cache packs files up to that size into segments and keeps each larger one as an exact copy
-/// in a data file of its own, so only a large file has a copy to hand out (passthrough, direct
-/// descriptors, direct I/O) and is pushed block by block; small files go whole (the walker).
+/// Whether a file of `size` bytes is *large*: over the staging threshold [`SMALL_FILE`]. Every
+/// file has an exact copy of its own in the cache; a large one's is evicted block by block
+/// (so a descriptor of it is pinned), read back with direct I/O, handed to kernel passthrough
+/// and pushed block by block; a small one's is evicted whole and pushed whole (the walker).
 pub fn is_large(size: u64) -> bool {
     size > SMALL_FILE
 }
@@ -280,7 +280,9 @@ impl Files {
             rel.as_os_str().as_bytes(),
             version,
             block_count(version.size) as u32,
-            is_large(version.size),
+            // Every file an exact copy of its own, small ones too: a reader is handed the
+            // copy itself (docs/direct.md), which a file packed in a segment could not be.
+            true,
             node,
         );
         let got = self.bind(node, id);

@@ -375,6 +375,11 @@ impl FsCore {
         s.snapshot = self.origin.as_str().to_string();
         s.hint_socket = self.hint_socket().map(|p| p.display().to_string());
         s.direct_pins = self.direct.direct_pins() as u64;
+        // Opens through the direct table are counted by the readers themselves.
+        let (opens, bytes) = self.direct.table_counted();
+        s.direct_table_opens = opens;
+        s.direct_opens += opens;
+        s.bytes_direct += bytes;
         s
     }
 

@@ -6,13 +6,14 @@
 //! from its parts, before it exists itself.
 //!
 //! [`VerifyQueue`]: complete copies waiting for verification in the background. Opens that
-//! find a copy complete but not verified in this mount queue it (passthrough and direct
-//! descriptors are only handed out for verified copies), and so does the cache as each copy
-//! completes; the mount's verifier thread works through it.
+//! find a copy complete but not trusted in this mount queue it (passthrough and direct reads
+//! are only for trusted copies), and so does the cache as each copy completes; the mount's
+//! verifier thread works through it (a `Trusted` record of an earlier mount first, then the
+//! copy's bytes).
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use stagefs_prefetch::locks::lock;
@@ -24,10 +25,6 @@ use crate::snapshot::Snapshot;
 /// At most one log line per this interval about a client's rejected lines (hints ignored,
 /// direct opens refused): a broken client sends many, and one line a second says enough.
 pub const LOG_EVERY: Duration = Duration::from_secs(1);
-
-/// Complete large files waiting for background verification before passthrough: an epoch's
-/// opens find many at once, and one dropped is queued again by its next open.
-pub const VERIFY_QUEUE: usize = 64;
 
 /// The part of a mount the control socket's services may use.
 #[derive(Clone)]
@@ -68,37 +65,75 @@ impl MountHandle {
     }
 }
 
-/// Complete copies queued for verification in the background (see the module docs).
+/// Complete copies queued for verification in the background (see the module docs). Nothing
+/// queued is lost: a copy whose verification was dropped would never be trusted in this mount
+/// (the direct table would never list it, and a complete table sends its reader through the
+/// mount without asking). Each entry is queued once (4 bytes; bounded by the cache's entries).
 pub struct VerifyQueue {
-    /// `None` once closed: the verifier ends when the cache's sender is gone too.
-    tx: Mutex<Option<SyncSender<EntryId>>>,
+    state: Mutex<Queued>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Queued {
+    order: VecDeque<EntryId>,
+    queued: HashSet<EntryId>,
+    closed: bool,
 }
 
 impl VerifyQueue {
-    /// An open queue of [`VERIFY_QUEUE`] copies and its receiving end, for the verifier.
-    pub fn new() -> (VerifyQueue, Receiver<EntryId>) {
-        let (tx, rx) = sync_channel(VERIFY_QUEUE);
-        let q = VerifyQueue {
-            tx: Mutex::new(Some(tx)),
-        };
-        (q, rx)
-    }
-
-    /// Queues complete entry `id` for verification (dropped if the queue is full: a later
-    /// open queues it again; or closed).
-    pub fn queue(&self, id: EntryId) {
-        if let Some(tx) = lock(&self.tx).as_ref() {
-            let _ = tx.try_send(id);
+    /// An open, empty queue.
+    pub fn new() -> VerifyQueue {
+        VerifyQueue {
+            state: Mutex::new(Queued::default()),
+            ready: Condvar::new(),
         }
     }
 
-    /// Another sender into the queue (for the cache's completion callback), while it is open.
-    pub fn sender(&self) -> Option<SyncSender<EntryId>> {
-        lock(&self.tx).clone()
+    /// Queues complete entry `id` for verification (once; not after [`close`](Self::close)).
+    pub fn queue(&self, id: EntryId) {
+        let mut q = lock(&self.state);
+        if !q.closed && q.queued.insert(id) {
+            q.order.push_back(id);
+            drop(q);
+            self.ready.notify_one();
+        }
+    }
+
+    /// The next entry to verify, waiting for one; `None` once closed.
+    pub fn next(&self) -> Option<EntryId> {
+        let mut q = lock(&self.state);
+        loop {
+            if q.closed {
+                return None;
+            }
+            if let Some(id) = q.order.pop_front() {
+                q.queued.remove(&id);
+                return Some(id);
+            }
+            q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Entries waiting now.
+    pub fn len(&self) -> usize {
+        lock(&self.state).order.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Closes the queue: later copies are dropped, and the verifier ends.
     pub fn close(&self) {
-        lock(&self.tx).take();
+        lock(&self.state).closed = true;
+        self.ready.notify_all();
+    }
+}
+
+impl Default for VerifyQueue {
+    fn default() -> Self {
+        VerifyQueue::new()
     }
 }

@@ -18,16 +18,21 @@
 //! (at most one log line per [`LOG_EVERY`], the rest counted) and counted in `hints_rejected`;
 //! an accepted one in `hints_accepted` and its bytes in `hint_bytes`. A hint never changes the
 //! bytes a reader gets and never fails a read: it only warms the cache and the page cache.
-//! `direct_open` / `direct_close` lines are answered on the client's own connection thread
-//! ([`crate::direct`]); that thread holds the connection's pins and releases them when the
-//! connection ends.
+//! `direct_open` / `direct_close` / `direct_table` lines are answered on the client's own
+//! connection thread ([`crate::direct`]); that thread holds the connection's pins and releases
+//! them when the connection ends. So is `stats_now`: the counters rendered at the request (the
+//! stats file's rendering is shared for up to a second), so a client waits on an answer rather
+//! than on time.
 //!
 //! **Bounds.** [`MAX_LINE`] bytes per line (64 KiB: [`MAX_RANGES`] ranges of two 20-digit
 //! numbers need ~45 KiB), [`MAX_RANGES`] ranges (1024: a few batches of rows) and
 //! [`MAX_HINT_BYTES`] bytes per line (256 MiB: the fetcher's queue holds 256 blocks of 1 MiB,
 //! more would only be dropped), [`MAX_CONNECTIONS`] clients (256: a node's loaders and
 //! preloaded processes, one per process), [`QUEUE`] lines waiting for the worker (then the client's writes wait:
-//! back-pressure, not unbounded memory), [`PENDING`] source blocks waiting to be cached before
+//! back-pressure, not unbounded memory), [`CONTROL_BUDGET`] bytes of request lines held by all
+//! connections together (read buffers, partial lines, queued lines; a connection that would
+//! take more is dropped, counted in `control_dropped`; what is held is `control_buffered` in
+//! the stats), [`PENDING`] source blocks waiting to be cached before
 //! they are pushed (dropped after [`PENDING_AGE`]), [`RENDERS`] view renders on the view pool at
 //! once, so hinted renders never fill the pool's queue ahead of readers' requests.
 //!
@@ -56,8 +61,8 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -91,6 +96,20 @@ pub const PENDING: usize = 4096;
 pub const PENDING_AGE: Duration = Duration::from_secs(30);
 /// Hinted view renders on the view pool at once.
 pub const RENDERS: usize = 8;
+/// Bytes of request lines the control socket holds at once, all connections together: partial
+/// lines in the connections' buffers, each connection's read buffer, and the lines queued for
+/// the worker. 8 MiB: [`QUEUE`] full lines of [`MAX_LINE`] take 4 MiB, and 256 connections
+/// each holding a line of almost [`MAX_LINE`] would take ~35 MiB. A connection whose buffer
+/// would take the total past it is dropped (counted in `control_dropped`). The first
+/// [`FREE_PER_CONNECTION`] bytes of each connection are always granted (counted, never
+/// refused), so clients with short lines are served whatever others hold: the total stays under
+/// `CONTROL_BUDGET + MAX_CONNECTIONS × FREE_PER_CONNECTION` (11 MiB).
+pub const CONTROL_BUDGET: u64 = 8 << 20;
+/// Bytes of one connection never refused: its read buffer and a partial line of 4 KiB (every
+/// request but a long hint fits).
+pub const FREE_PER_CONNECTION: u64 = READ_BUF as u64 + (4 << 10);
+/// Each connection's read buffer: 8 KiB, what `BufReader` takes by default.
+const READ_BUF: usize = 8 << 10;
 /// Views kept open by the worker (one per file a loader reads).
 const OPEN_VIEWS: usize = 64;
 /// Blocks remembered as pushed, so a row range hinted twice is not pushed twice.
@@ -135,8 +154,8 @@ pub struct HintService {
     pushed: Mutex<LruCache<(EntryId, u64), ()>>,
     /// Views opened for hints, by path under `.npy/`.
     open_views: Mutex<LruCache<PathBuf, Arc<OpenView>>>,
-    /// Hinted renders on the view pool now.
-    renders: Arc<AtomicUsize>,
+    /// Hinted renders on the view pool now, and the condition the worker waits on for room.
+    renders: Arc<(Mutex<usize>, Condvar)>,
     last_log: Mutex<Option<Instant>>,
     unlogged: AtomicU64,
 }
@@ -193,7 +212,7 @@ impl HintService {
             pending: Mutex::new(PendingBlocks::default()),
             pushed: Mutex::new(LruCache::new(n(PUSHED))),
             open_views: Mutex::new(LruCache::new(n(OPEN_VIEWS))),
-            renders: Arc::new(AtomicUsize::new(0)),
+            renders: Arc::default(),
             last_log: Mutex::new(None),
             unlogged: AtomicU64::new(0),
         }
@@ -402,15 +421,33 @@ impl HintService {
             };
             match &on.pool {
                 Some(pool) => {
-                    // At most RENDERS on the pool: the worker waits (its client with it).
+                    // At most RENDERS on the pool: the worker waits (its client with it), woken
+                    // by the render that ends (or after TICK, to see the mount stop).
                     let renders = self.renders.clone();
-                    while renders.load(Relaxed) >= RENDERS && !self.mount.stopped() {
-                        std::thread::sleep(Duration::from_millis(1));
+                    {
+                        let (count, room) = &*renders;
+                        let mut n = lock(count);
+                        while *n >= RENDERS && !self.mount.stopped() {
+                            n = room
+                                .wait_timeout(n, TICK)
+                                .map(|(g, _)| g)
+                                .unwrap_or_else(|p| p.into_inner().0);
+                        }
+                        *n += 1;
                     }
-                    renders.fetch_add(1, Relaxed);
                     pool.run(move || {
+                        /// Gives the render's place back even if the render panics.
+                        struct Done(Arc<(Mutex<usize>, Condvar)>);
+                        impl Drop for Done {
+                            fn drop(&mut self) {
+                                let (count, room) = &*self.0;
+                                let mut n = lock(count);
+                                *n = n.saturating_sub(1);
+                                room.notify_one();
+                            }
+                        }
+                        let _done = Done(renders);
                         job();
-                        renders.fetch_sub(1, Relaxed);
                     });
                 }
                 None => job(),
@@ -421,11 +458,13 @@ impl HintService {
 
     /// Starts the hint socket in `cache_dir` (the mount's cache directory, private to the
     /// user); view renders go to `pool` (the mount's view pool; `None`: on the hint worker
-    /// itself). The server runs until [`HintServer::stop`].
+    /// itself); `stats_now` renders the counters for `stats_now` requests. The server runs
+    /// until [`HintServer::stop`].
     pub fn start(
         self: &Arc<Self>,
         cache_dir: &Path,
         pool: Option<Offload>,
+        stats_now: StatsNow,
     ) -> std::io::Result<HintServer> {
         let path = cache_dir.join(SOCKET_NAME);
         if let Ok(m) = std::fs::symlink_metadata(&path) {
@@ -454,7 +493,7 @@ impl HintService {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let stop = Arc::new(AtomicBool::new(false));
         let threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUE);
+        let (tx, rx) = sync_channel::<Held>(QUEUE);
         let me = Arc::downgrade(self);
         let (ptx, prx) = sync_channel::<ViewPush>(VIEW_PUSHES);
         let (files, stats) = (self.mount.files().clone(), self.mount.stats().clone());
@@ -484,10 +523,18 @@ impl HintService {
             .spawn(move || work(&me, &rx, &on))?;
         lock(&threads).push(worker);
         let (stop2, threads2) = (stop.clone(), threads.clone());
-        let direct = Arc::downgrade(&self.direct);
+        let ctx = Conn {
+            direct: Arc::downgrade(&self.direct),
+            tx,
+            stop: stop.clone(),
+            stats_now,
+            budget: Arc::new(Budget {
+                stats: self.mount.stats().clone(),
+            }),
+        };
         let listen = std::thread::Builder::new()
             .name("stagefs-hint-listen".into())
-            .spawn(move || listen(listener, &direct, &tx, &stop2, &threads2))?;
+            .spawn(move || listen(listener, &ctx, &stop2, &threads2))?;
         lock(&threads).push(listen);
         Ok(HintServer {
             path,
@@ -567,7 +614,7 @@ fn check_ranges(h: &Hint, size: u64) -> Result<u64, Rejected> {
 
 /// The worker: applies lines in order (views rendered as `on` says), and pushes hinted blocks
 /// as they get cached.
-fn work(core: &Weak<HintService>, rx: &Receiver<Vec<u8>>, on: &Renderer) {
+fn work(core: &Weak<HintService>, rx: &Receiver<Held>, on: &Renderer) {
     loop {
         let wait = match core.upgrade() {
             Some(c) if c.hints_pending() => Duration::from_millis(2),
@@ -577,8 +624,8 @@ fn work(core: &Weak<HintService>, rx: &Receiver<Vec<u8>>, on: &Renderer) {
         let got = rx.recv_timeout(wait);
         let Some(c) = core.upgrade() else { return };
         match got {
-            Ok(line) => {
-                let _ = c.hint(&line, on);
+            Ok(held) => {
+                let _ = c.hint(&held.line, on);
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -587,10 +634,70 @@ fn work(core: &Weak<HintService>, rx: &Receiver<Vec<u8>>, on: &Renderer) {
     }
 }
 
+/// Renders the mount's counters now, as one compact JSON line without its newline (`None`
+/// once the mount is gone): the answer to `stats_now`.
+pub type StatsNow = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// The control socket's byte budget ([`CONTROL_BUDGET`]), counted in the mount's stats
+/// (`control_buffered`, `control_buffered_peak`).
+struct Budget {
+    stats: Arc<stagefs_prefetch::Stats>,
+}
+
+impl Budget {
+    /// Takes `n` bytes of the budget, if that leaves the total within it (`always`: even if
+    /// not).
+    fn take(&self, n: u64, always: bool) -> bool {
+        let held = &self.stats.control_buffered;
+        let got = held.fetch_update(Relaxed, Relaxed, |h| {
+            h.checked_add(n).filter(|&t| always || t <= CONTROL_BUDGET)
+        });
+        match got {
+            Ok(before) => {
+                self.stats
+                    .control_buffered_peak
+                    .fetch_max(before + n, Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Gives `n` bytes back.
+    fn give(&self, n: u64) {
+        let _ = self
+            .stats
+            .control_buffered
+            .fetch_update(Relaxed, Relaxed, |h| Some(h.saturating_sub(n)));
+    }
+}
+
+/// A request line on its way to the worker, with the budget it holds (given back on drop).
+struct Held {
+    line: Vec<u8>,
+    bytes: u64,
+    budget: Arc<Budget>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
+    }
+}
+
+/// What every connection's thread shares.
+#[derive(Clone)]
+struct Conn {
+    direct: Weak<DirectService>,
+    tx: SyncSender<Held>,
+    stop: Arc<AtomicBool>,
+    stats_now: StatsNow,
+    budget: Arc<Budget>,
+}
+
 fn listen(
     listener: UnixListener,
-    direct: &Weak<DirectService>,
-    tx: &SyncSender<Vec<u8>>,
+    ctx: &Conn,
     stop: &Arc<AtomicBool>,
     threads: &Arc<Mutex<Vec<JoinHandle<()>>>>,
 ) {
@@ -602,14 +709,20 @@ fn listen(
         let Ok(conn) = conn else { continue };
         if clients.load(Relaxed) >= MAX_CONNECTIONS {
             warn!("read-order hints: {MAX_CONNECTIONS} clients connected already, refusing one");
+            ctx.budget.stats.control_dropped.fetch_add(1, Relaxed);
             continue;
         }
         clients.fetch_add(1, Relaxed);
-        let (tx, stop, n, direct) = (tx.clone(), stop.clone(), clients.clone(), direct.clone());
+        let (ctx, n) = (ctx.clone(), clients.clone());
         let spawned = std::thread::Builder::new()
             .name("stagefs-hint-conn".into())
             .spawn(move || {
-                client(conn, &direct, &tx, &stop);
+                let stats = ctx.budget.stats.clone();
+                stats.control_clients.fetch_add(1, Relaxed);
+                if !client(conn, &ctx) {
+                    stats.control_dropped.fetch_add(1, Relaxed);
+                }
+                stats.control_clients.fetch_sub(1, Relaxed);
                 n.fetch_sub(1, Relaxed);
             });
         match spawned {
@@ -626,14 +739,42 @@ fn listen(
     }
 }
 
-/// Reads one client's lines (each at most [`MAX_LINE`]): answers direct opens and closes on
-/// this thread, queues hints for the worker. The connection's pins go with it.
-fn client(
-    conn: UnixStream,
-    direct: &Weak<DirectService>,
-    tx: &SyncSender<Vec<u8>>,
-    stop: &AtomicBool,
-) {
+/// The budget one connection holds: its read buffer and its partial line's capacity. Given
+/// back on drop, when the connection ends.
+struct ConnBudget {
+    budget: Arc<Budget>,
+    held: u64,
+}
+
+impl ConnBudget {
+    /// Holds `want` bytes in all (more or fewer than now); false if the budget has no room.
+    fn hold(&mut self, want: u64) -> bool {
+        if want > self.held {
+            if !self
+                .budget
+                .take(want - self.held, want <= FREE_PER_CONNECTION)
+            {
+                return false;
+            }
+        } else {
+            self.budget.give(self.held - want);
+        }
+        self.held = want;
+        true
+    }
+}
+
+impl Drop for ConnBudget {
+    fn drop(&mut self) {
+        self.budget.give(self.held);
+    }
+}
+
+/// Reads one client's lines (each at most [`MAX_LINE`]): answers direct opens, closes, table
+/// and stats requests on this thread, queues hints for the worker. The connection's pins go
+/// with it. False if the daemon dropped the connection (over the budget, or a client that does
+/// not take its replies), true if the client closed it or the mount stopped.
+fn client(conn: UnixStream, ctx: &Conn) -> bool {
     // Short timeouts so the thread sees the stop flag; a partial line survives them. A client
     // that does not read its replies holds only this thread, for at most REPLY_TIMEOUT a reply.
     if conn.set_read_timeout(Some(TICK)).is_err()
@@ -641,20 +782,39 @@ fn client(
             .set_write_timeout(Some(stagefs_protocol::REPLY_TIMEOUT))
             .is_err()
     {
-        return;
+        return true;
     }
-    let Ok(out) = conn.try_clone() else { return };
-    let mut pins = DirectPins::new(direct.clone());
-    let mut r = BufReader::new(conn);
+    let Ok(out) = conn.try_clone() else {
+        return true;
+    };
+    let mut held = ConnBudget {
+        budget: ctx.budget.clone(),
+        held: 0,
+    };
+    if !held.hold(READ_BUF as u64) {
+        warn!("control socket: over its memory budget, refusing a client");
+        return false;
+    }
+    let mut pins = DirectPins::new(ctx.direct.clone());
+    let mut r = BufReader::with_capacity(READ_BUF, conn);
     let mut line = Vec::new();
     let mut skipping = false;
-    while !stop.load(Relaxed) {
+    while !ctx.stop.load(Relaxed) {
         let room = (MAX_LINE + 1).saturating_sub(line.len()) as u64;
-        match r.by_ref().take(room).read_until(b'\n', &mut line) {
-            Ok(0) => return,
+        let got = r.by_ref().take(room).read_until(b'\n', &mut line);
+        // The partial line's buffer counts against the budget as soon as it grows.
+        if !held.hold((READ_BUF + line.capacity()) as u64) {
+            warn!(
+                buffered = line.len(),
+                "control socket: over its memory budget ({CONTROL_BUDGET} bytes), dropping a client"
+            );
+            return false;
+        }
+        match got {
+            Ok(0) => return true,
             Ok(_) => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
-            Err(_) => return,
+            Err(_) => return true,
         }
         let ended = line.last() == Some(&b'\n');
         if ended {
@@ -673,30 +833,68 @@ fn client(
             // Over MAX_LINE: handed on (rejected and counted there), the rest skipped.
             skipping = true;
         }
-        let mut msg = std::mem::take(&mut line);
-        if msg.iter().all(u8::is_ascii_whitespace) {
+        let msg = std::mem::take(&mut line);
+        // The line's bytes go with it to the worker; this connection holds its read buffer.
+        let bytes = msg.capacity() as u64;
+        held.held = held.held.saturating_sub(bytes);
+        let msg = Held {
+            line: msg,
+            bytes,
+            budget: ctx.budget.clone(),
+        };
+        if msg.line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         if !skipping {
-            match answer_direct(&msg, direct, &mut pins, &out) {
+            match answer_direct(&msg.line, ctx, &mut pins, &out) {
                 Direct::Done => continue,
                 Direct::Hint => {}
-                Direct::Gone => return,
+                Direct::Gone => return false,
             }
         }
-        // Waits while the worker is QUEUE lines behind: back-pressure on the client.
-        loop {
-            match tx.try_send(msg) {
-                Ok(()) => break,
-                Err(TrySendError::Full(m)) if !stop.load(Relaxed) => {
-                    msg = m;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(_) => return,
-            }
+        // Waits while the worker is QUEUE lines behind: back-pressure on the client. The
+        // worker takes lines until every sender is gone, so this wait ends.
+        if ctx.tx.send(msg).is_err() {
+            return true;
         }
     }
     debug!("read-order hint client stopped with the mount");
+    true
+}
+
+/// Answers a `stats_now` request: the counters rendered now, on one line.
+fn answer_stats(ctx: &Conn, out: &UnixStream) -> Direct {
+    let line = match (ctx.stats_now)() {
+        Some(mut json) if json.len() < stagefs_protocol::MAX_STATS_REPLY => {
+            json.push('\n');
+            json
+        }
+        Some(_) => Reply::Refused(Refusal::Malformed).line(),
+        None => Reply::Refused(Refusal::Stopping).line(),
+    };
+    if let Err(e) = stagefs_protocol::send(out.as_fd(), line.as_bytes(), None) {
+        debug!(error = %e, "stats: the client did not take its reply");
+        return Direct::Gone;
+    }
+    Direct::Done
+}
+
+/// Answers a `direct_table` request: the table's descriptors, or why there are none.
+fn answer_table(direct: &Weak<DirectService>, out: &UnixStream) -> Direct {
+    let Some(c) = direct.upgrade() else {
+        return Direct::Gone;
+    };
+    let sent = match c.with_table(|fds| {
+        stagefs_protocol::send_fds(out.as_fd(), Reply::Table.line().as_bytes(), &fds)
+    }) {
+        Ok(sent) => sent,
+        Err(r) => stagefs_protocol::send(out.as_fd(), Reply::Refused(r).line().as_bytes(), None),
+    };
+    if let Err(e) = sent {
+        debug!(error = %e, "direct table: the client did not take its reply");
+        return Direct::Gone;
+    }
+    Direct::Done
 }
 
 /// What [`answer_direct`] made of a line.
@@ -711,18 +909,16 @@ enum Direct {
 
 /// Answers `line` if it is a direct open or close; a malformed direct open gets a refusal, so
 /// its client does not wait for a reply that never comes.
-fn answer_direct(
-    line: &[u8],
-    direct: &Weak<DirectService>,
-    pins: &mut DirectPins,
-    out: &UnixStream,
-) -> Direct {
+fn answer_direct(line: &[u8], ctx: &Conn, pins: &mut DirectPins, out: &UnixStream) -> Direct {
+    let direct = &ctx.direct;
     // Hints (the bulk of the lines) have no "op": parsed once, by the worker.
     if !line.windows(4).any(|w| w == b"\"op\"") {
         return Direct::Hint;
     }
     let req = parse_request(line);
     let open = match req {
+        Ok(Request::DirectTable) => return answer_table(direct, out),
+        Ok(Request::StatsNow) => return answer_stats(ctx, out),
         Ok(Request::DirectOpen(path)) => Some(path),
         Ok(Request::DirectClose(pin)) => {
             if !pins.release(pin) {

@@ -23,6 +23,7 @@
 
 pub mod control;
 pub mod direct;
+pub mod direct_table;
 pub mod error;
 pub mod files;
 pub mod fscore;

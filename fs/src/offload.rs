@@ -8,8 +8,9 @@
 //! umount` hung on the stats file, and the session could not end. Now the adapter hands such a
 //! request, with its reply, to this pool and returns at once.
 //!
-//! Threads: one per core (at least two): rendering is CPU work, more threads than cores would
-//! only interleave it. Queue: [`QUEUE`] jobs; a job is a request and its reply (a few hundred
+//! Threads: one per core the job has (`stagefs_views::job_cores`: its affinity mask and cgroup
+//! quota, not the host's count; at least two): rendering is CPU work, more threads than cores
+//! would only interleave it. Queue: [`QUEUE`] jobs; a job is a request and its reply (a few hundred
 //! bytes), and the kernel itself bounds how many requests are outstanding (one per blocked
 //! reader thread plus `max_background` read-ahead), so the bound is only a backstop: when it is
 //! reached the FUSE thread waits for room (back-pressure), which is the old behaviour.
@@ -33,7 +34,7 @@ impl Offload {
     /// Starts `threads` threads (one per core when 0).
     pub fn new(threads: usize) -> std::io::Result<Offload> {
         let threads = match threads {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+            0 => stagefs_views::job_cores().max(2),
             n => n,
         };
         let (tx, rx) = bounded::<Job>(QUEUE);

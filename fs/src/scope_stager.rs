@@ -62,11 +62,14 @@ pub fn spawn_stager(
                 );
                 'files: for (node, _) in list {
                     for w in files.missing_blocks(node) {
-                        while files.fetcher().queued(Priority::Staging) >= FEED_DEPTH {
+                        // Woken as the workers take blocks; TICK is for the stop flag.
+                        while !files
+                            .fetcher()
+                            .wait_for_room(Priority::Staging, FEED_DEPTH, TICK)
+                        {
                             if stop.load(Relaxed) {
                                 return;
                             }
-                            std::thread::sleep(Duration::from_millis(2));
                         }
                         if stop.load(Relaxed) {
                             return;

@@ -17,14 +17,13 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stagefs_prefetch::cachedir::CacheDir;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::store::FORMAT_DIR;
-use stagefs_prefetch::{CacheStore, EntryId, Fetcher, LocalSource, Source, Stats, StoreConfig};
+use stagefs_prefetch::{CacheStore, Fetcher, LocalSource, Source, Stats, StoreConfig};
 use stagefs_views::ViewOptions;
 use tracing::{info, warn};
 
@@ -92,8 +91,7 @@ impl FsCore {
         let fetcher = Fetcher::new(store.clone(), source, stats.clone(), cfg.fetch.clone())?;
         let files = Files::new(snapshot.clone(), fetcher.clone(), cfg.cross_file);
         let stop = Arc::new(AtomicBool::new(false));
-        let (verify, verifier) = VerifyQueue::new();
-        let verify = Arc::new(verify);
+        let verify = Arc::new(VerifyQueue::new());
         let inodes = Arc::new(InodeTable::default());
         let views = Arc::new(MountViews::new(
             snapshot.clone(),
@@ -133,7 +131,7 @@ impl FsCore {
             direct,
             cfg,
         });
-        core.start(loaded, origin.persisted(), verifier)?;
+        core.start(loaded, origin.persisted())?;
         Ok(core)
     }
 
@@ -191,12 +189,11 @@ impl FsCore {
         Ok(())
     }
 
-    /// Starts the background work; `verifier`: the receiving end of the verification queue.
+    /// Starts the background work.
     fn start(
         self: &Arc<Self>,
         loaded: stagefs_prefetch::Loaded,
         persisted: bool,
-        verifier: Receiver<EntryId>,
     ) -> Result<(), FsError> {
         if let Some(t) = crate::walk::start(&self.files)? {
             lock(&self.threads).push(t);
@@ -220,22 +217,29 @@ impl FsCore {
             })?;
         }
         {
-            let completed = self.verify.sender();
+            let queue = self.verify.clone();
             let store = self.store.clone();
             self.spawn("stagefs-verify", move || {
-                for id in verifier {
-                    store.verify(id);
+                while let Some(id) = queue.next() {
+                    // An earlier mount's record first (one fstatat), else the bytes.
+                    if !store.check_trust(id) {
+                        store.verify(id);
+                    }
                 }
             })?;
             // A copy completed in this mount is verified as soon as it is complete, so the
-            // next epoch's opens get passthrough or direct descriptors at once (else the first
-            // open of each file in the second epoch was refused "verifying" and read through
-            // FUSE). Dropped when the core stops (stop_background), which ends the thread.
-            if let Some(completed) = completed {
-                self.store.set_on_complete(Some(Box::new(move |id| {
-                    let _ = completed.try_send(id);
-                })));
-            }
+            // next epoch's opens get passthrough or direct reads at once (else the first open
+            // of each file in the second epoch read through FUSE). Dropped when the core stops
+            // (stop_background).
+            let queue = self.verify.clone();
+            self.store
+                .set_on_complete(Some(Box::new(move |id| queue.queue(id))));
+            // What the cache trusts is what the direct table lists.
+            let table = self.direct.table().clone();
+            let snapshot = self.snapshot.clone();
+            self.store.set_on_trust(Some(Box::new(move |ev| {
+                table.on_event(&snapshot, ev);
+            })));
         }
         // Binding the previous mount's cache entries needs the whole snapshot; with a snapshot
         // loaded from disk it is there now, and the mount serves nothing before it is done.
@@ -259,6 +263,11 @@ impl FsCore {
     /// Once the snapshot is complete: bind cached entries, persist the snapshot, start staging.
     fn after_listing(self: &Arc<Self>, loaded: stagefs_prefetch::Loaded, persisted: bool) {
         self.views.set_loaded(self.files.bind_loaded(loaded));
+        // The table is sized from the tree; made before the bound copies are checked, so each
+        // one trusted is listed as it is (`--revalidate` mounts hand nothing out direct).
+        if self.cfg.revalidate.is_none() {
+            self.direct.table().make(&self.snapshot, &self.store);
+        }
         // The copies bound now were verified in an earlier mount, not this one: verify them in
         // the background so passthrough and direct descriptors serve the warm epoch.
         let direct = Arc::downgrade(&self.direct);
@@ -326,8 +335,21 @@ impl FsCore {
 
     /// Starts the hint socket in the cache directory; view renders go to `pool` (the mount's
     /// view pool; `None`: on the hint worker itself). Returns the socket's path.
-    pub fn start_hints(&self, pool: Option<Offload>) -> std::io::Result<PathBuf> {
-        let server = self.hints.start(&self.cfg.cache_dir, pool)?;
+    pub fn start_hints(self: &Arc<Self>, pool: Option<Offload>) -> std::io::Result<PathBuf> {
+        // Weak: the server belongs to the core, which must not keep itself alive.
+        let core = Arc::downgrade(self);
+        let stats_now: crate::hints::StatsNow = Arc::new(move || {
+            let c = core.upgrade()?;
+            let mut s = c.snapshot();
+            let json = serde_json::to_string(&s).ok()?;
+            if json.len() < stagefs_protocol::MAX_STATS_REPLY {
+                return Some(json);
+            }
+            // Long error messages: the counters matter more than the list.
+            s.errors.clear();
+            serde_json::to_string(&s).ok()
+        });
+        let server = self.hints.start(&self.cfg.cache_dir, pool, stats_now)?;
         let path = server.path().to_path_buf();
         *lock(&self.hint_server) = Some(server);
         Ok(path)
@@ -370,6 +392,8 @@ impl FsCore {
         self.fetcher.shutdown();
         self.files.stop();
         self.store.set_on_complete(None);
+        self.store.set_on_trust(None);
+        self.direct.table().close();
         self.verify.close();
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {

@@ -25,9 +25,9 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
 use stagefs_prefetch::hash::StableHasher;
@@ -236,8 +236,11 @@ pub struct MountViews {
     snapshot: Arc<Snapshot>,
     files: Arc<Files>,
     opts: ViewOptions,
-    /// The views once prepared.
-    ready: Mutex<Option<Arc<Views>>>,
+    /// The views once prepared: read without a lock by every view request after that.
+    ready: OnceLock<Arc<Views>>,
+    /// Held while the views are prepared (one preparation at a time; a failed one is tried
+    /// again by the next request).
+    preparing: Mutex<()>,
     /// View entries an earlier mount left in the cache, until the views take them.
     loaded: Mutex<Vec<(LoadedEntry, Vec<u8>)>>,
 }
@@ -249,7 +252,8 @@ impl MountViews {
             snapshot,
             files,
             opts,
-            ready: Mutex::new(None),
+            ready: OnceLock::new(),
+            preparing: Mutex::new(()),
             loaded: Mutex::new(Vec::new()),
         }
     }
@@ -262,8 +266,11 @@ impl MountViews {
 
     /// The views, prepared on first use (from the snapshot: no source listing).
     pub fn get(&self) -> Result<Arc<Views>, FsError> {
-        let mut slot = lock(&self.ready);
-        if let Some(v) = slot.as_ref() {
+        if let Some(v) = self.ready.get() {
+            return Ok(v.clone());
+        }
+        let _preparing = lock(&self.preparing);
+        if let Some(v) = self.ready.get() {
             return Ok(v.clone());
         }
         let loaded = std::mem::take(&mut *lock(&self.loaded));
@@ -273,8 +280,7 @@ impl MountViews {
             self.opts.clone(),
             loaded,
         )?;
-        *slot = Some(v.clone());
-        Ok(v)
+        Ok(self.ready.get_or_init(|| v).clone())
     }
 }
 
@@ -294,7 +300,9 @@ pub struct Views {
     folder_bits: Mutex<HashMap<PathBuf, u16>>,
     /// Units that rendered to zeros, kept here instead of on scratch (at most
     /// [`ZERO_UNITS_MAX`]).
-    zero_units: Mutex<HashSet<(EntryId, u32)>>,
+    zero_units: RwLock<HashSet<(EntryId, u32)>>,
+    /// How many units `zero_units` holds: while none, a read looks at no lock for them.
+    zero_count: AtomicUsize,
     /// Zeros served for those units (grown to the largest unit seen, sliced per read).
     zeros: Mutex<Bytes>,
 }
@@ -363,7 +371,8 @@ impl Views {
             opened: Mutex::new(HashMap::new()),
             background: tx,
             folder_bits: Mutex::new(HashMap::new()),
-            zero_units: Mutex::new(HashSet::new()),
+            zero_units: RwLock::new(HashSet::new()),
+            zero_count: AtomicUsize::new(0),
             zeros: Mutex::new(Bytes::new()),
         });
         let weak = Arc::downgrade(&views);
@@ -552,7 +561,15 @@ impl Views {
     fn unit(&self, v: &OpenView, slot: u32) -> Result<Bytes, ViewError> {
         let range = v.units.range(slot);
         let len = (range.end - range.start) as usize;
-        if lock(&self.zero_units).contains(&(v.entry, slot)) {
+        // Lock-free while no unit of zeros is known (every honest dataset); then a shared
+        // read lock, never an exclusive one, on the read path.
+        if self.zero_count.load(Relaxed) > 0
+            && self
+                .zero_units
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&(v.entry, slot))
+        {
             return Ok(self.zeros(len));
         }
         let fetcher = self.files.fetcher();
@@ -564,9 +581,13 @@ impl Views {
             buf.truncate(n);
             fetcher.stats().views_rendered.fetch_add(1, Relaxed);
             if n > 0 && buf.iter().all(|&b| b == 0) {
-                let mut zero = lock(&self.zero_units);
+                let mut zero = self
+                    .zero_units
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if zero.len() < ZERO_UNITS_MAX {
                     zero.insert((v.entry, slot));
+                    self.zero_count.store(zero.len(), Relaxed);
                     return Ok::<_, ViewError>((self.zeros(n), false));
                 }
             }

@@ -291,8 +291,8 @@ fn corrupt_cache_bytes_are_detected_and_fetched_again() {
     let (c, _) = mount(config(&src, &cache));
     read(&c, &rel("d/e/small.bin"), 0, 1 << 20, 1 << 20).unwrap();
     c.shutdown();
-    // Flip bytes in every segment on scratch.
-    for e in fs::read_dir(cache.join("v2/segments")).unwrap() {
+    // Flip bytes in every copy on scratch.
+    for e in fs::read_dir(cache.join("v2/files")).unwrap() {
         let p = e.unwrap().path();
         let mut b = fs::read(&p).unwrap();
         for i in (0..b.len()).step_by(4096) {

@@ -7,7 +7,7 @@ mod support;
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use stagefs_fs::FsCore;
 use stagefs_prefetch::BLOCK_SIZE;
+use stagefs_protocol::table::{Listing, SharedCounters, TableReader, FLAG_COMPLETE};
 use stagefs_protocol::{ClientError, DirectClient, Granted, Refusal, MAX_PINS_PER_CONNECTION};
 use support::*;
 
@@ -146,7 +147,7 @@ fn partial_view_small_symlink_directory_control_and_missing_files_get_their_reas
     let cases = [
         ("d/big2.bin", Refusal::NotStaged),
         ("big.bin", Refusal::NotStaged),
-        ("small.bin", Refusal::Small),
+        ("small.bin", Refusal::NotStaged),
         ("link.bin", Refusal::Symlink),
         ("d", Refusal::NotRegular),
         (".stagefs/stats", Refusal::NotRegular),
@@ -161,8 +162,7 @@ fn partial_view_small_symlink_directory_control_and_missing_files_get_their_reas
     // Each reason counted apart: what `stagefs stat` shows a user whose reads went through FUSE.
     let by = c.snapshot().direct_refused_by;
     let want: std::collections::BTreeMap<String, u64> = [
-        ("not_staged", 2),
-        ("small", 1),
+        ("not_staged", 3),
         ("symlink", 1),
         ("not_regular", 2),
         ("view", 1),
@@ -434,5 +434,260 @@ fn regression_the_first_epoch_after_a_remount_was_refused_verifying() {
         assert!(read_all(fd) == pattern(seed, BIG));
     }
     assert_eq!(c.snapshot().direct_refused, 0);
+    c.shutdown();
+}
+
+/// Opens the copy a table listing names, as the preload library does, checked to be the
+/// inode listed; `None` if the listing is not `Open` or the copy is not that inode.
+fn open_listed(
+    table: &TableReader,
+    dir: &OwnedFd,
+    rel: &str,
+) -> Result<fs::File, stagefs_protocol::table::Listing> {
+    use rustix::fs::{Mode, OFlags};
+    let l = table.lookup(rel.as_bytes());
+    let Listing::Open(copy) = l else {
+        return Err(l);
+    };
+    let name = stagefs_protocol::table::copy_name(copy.no);
+    let name = std::str::from_utf8(&name).unwrap();
+    let fd = rustix::fs::openat(dir, name, OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty())
+        .map_err(|_| l)?;
+    let st = rustix::fs::fstat(&fd).unwrap();
+    if st.st_ino != copy.ino || st.st_dev != table.dev() || st.st_size as u64 != copy.size {
+        return Err(l);
+    }
+    Ok(fs::File::from(fd))
+}
+
+fn table_of(sock: &Path) -> (TableReader, SharedCounters, OwnedFd) {
+    let mut client = DirectClient::connect(sock).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (t, n, d) = loop {
+        match client.table() {
+            Ok(x) => break x,
+            Err(ClientError::Refused(Refusal::NotReady)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("direct table: {e}"),
+        }
+    };
+    (
+        TableReader::map(t.as_fd()).unwrap(),
+        SharedCounters::map(n.as_fd()).unwrap(),
+        d,
+    )
+}
+
+/// Small files: an exact copy of their own, granted unpinned over the socket and listed in the
+/// direct table for readers to open themselves; large ones listed "ask".
+#[test]
+fn small_files_are_granted_unpinned_and_listed_for_readers_to_open_themselves() {
+    let (_t, src, cache) = setup();
+    let (c, _) = mount(config(&src, &cache));
+    let sock = started(&c);
+    read(&c, Path::new("small.bin"), 0, 1000, 1000).unwrap();
+    stage(&c, "big.bin");
+    let (table, counters, dir) = table_of(&sock);
+    until("the small copy listed", || {
+        matches!(table.lookup(b"small.bin"), Listing::Open(_))
+    });
+    until("the large copy listed", || {
+        table.lookup(b"big.bin") == Listing::Ask
+    });
+    // Not staged, a directory, nothing at all: the table is complete, so the mount.
+    assert_eq!(table.flags() & FLAG_COMPLETE, FLAG_COMPLETE);
+    for rel in ["d/big2.bin", "d", "nope", ".npy/small.bin"] {
+        assert_eq!(table.lookup(rel.as_bytes()), Listing::Mount, "{rel}");
+    }
+    let mut f = open_listed(&table, &dir, "small.bin").unwrap();
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert!(got == pattern(9, 1000));
+    assert!(
+        f.write_all(b"x").is_err(),
+        "a listed copy opened read-only writes nothing"
+    );
+    counters.add(1000);
+    assert_eq!(c.snapshot().direct_table_opens, 1);
+    assert_eq!(c.snapshot().direct_opens, 1);
+    // Over the socket: granted, no pin to hold.
+    let mut client = DirectClient::connect(&sock).unwrap();
+    let (fd, g) = client.open("small.bin").unwrap();
+    assert_eq!(g.pin, 0);
+    assert!(read_all(fd) == pattern(9, 1000));
+    assert_eq!(c.direct_pins(), 0);
+    c.shutdown();
+}
+
+/// A remount trusts the copies an earlier mount verified by their record (inode, size, change
+/// time) without reading them again, and lists them in the table at once.
+#[test]
+fn a_remount_trusts_verified_copies_without_reading_them() {
+    let (_t, src, cache) = setup();
+    {
+        let (c, _) = mount(config(&src, &cache));
+        read(&c, Path::new("small.bin"), 0, 1000, 1000).unwrap();
+        stage(&c, "big.bin");
+        until("both verified", || c.snapshot().copies_verified == 2);
+        c.shutdown();
+    }
+    let (c, _) = mount(config(&src, &cache));
+    let sock = started(&c);
+    let (table, _, dir) = table_of(&sock);
+    until("the table complete", || table.flags() & FLAG_COMPLETE != 0);
+    let s = c.snapshot();
+    assert_eq!(
+        (s.copies_trusted, s.copies_verified),
+        (2, 0),
+        "read again: {s:?}"
+    );
+    assert!(open_listed(&table, &dir, "small.bin").is_ok());
+    assert_eq!(table.lookup(b"big.bin"), Listing::Ask);
+    let mut client = DirectClient::connect(&sock).unwrap();
+    let (fd, _) = client.open("big.bin").unwrap();
+    assert!(read_all(fd) == pattern(7, BIG));
+    c.shutdown();
+}
+
+/// Anything done to a copy between mounts — bytes changed in place (same size), truncated,
+/// replaced by another file — is found before any descriptor of it is handed out: the copy is
+/// read again, a bad one dropped and fetched again, and readers only ever get the source's
+/// bytes.
+#[test]
+fn a_copy_changed_between_mounts_is_verified_again_and_never_served_wrong() {
+    for how in ["flip", "truncate", "replace", "rewrite_same"] {
+        let (_t, src, cache) = setup();
+        {
+            let (c, _) = mount(config(&src, &cache));
+            read(&c, Path::new("small.bin"), 0, 1000, 1000).unwrap();
+            stage(&c, "big.bin");
+            until("both verified", || c.snapshot().copies_verified == 2);
+            c.shutdown();
+        }
+        for e in fs::read_dir(cache.join("v2/files")).unwrap() {
+            let p = e.unwrap().path();
+            let mut b = fs::read(&p).unwrap();
+            match how {
+                "flip" => {
+                    b[500] ^= 0x55;
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .open(&p)
+                        .unwrap()
+                        .write_all(&b)
+                        .unwrap();
+                }
+                "truncate" => fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .unwrap()
+                    .set_len(100)
+                    .unwrap(),
+                "replace" => {
+                    b[10] ^= 1;
+                    let tmp = p.with_extension("new");
+                    fs::write(&tmp, &b).unwrap();
+                    fs::rename(&tmp, &p).unwrap();
+                }
+                // The same bytes written again: the copy is intact, but must be read to know.
+                _ => fs::write(&p, &b).unwrap(),
+            }
+        }
+        let (c, _) = mount(config(&src, &cache));
+        let sock = started(&c);
+        let (table, _, dir) = table_of(&sock);
+        until("the table complete", || table.flags() & FLAG_COMPLETE != 0);
+        assert_eq!(
+            c.snapshot().copies_trusted,
+            0,
+            "{how}: a changed copy was trusted"
+        );
+        let mut client = DirectClient::connect(&sock).unwrap();
+        for (rel, seed, len) in [("small.bin", 9, 1000), ("big.bin", 7, BIG)] {
+            // Listed only once verified again; the bytes are the source's whatever we get.
+            if let Ok(mut f) = open_listed(&table, &dir, rel) {
+                let mut got = Vec::new();
+                f.read_to_end(&mut got).unwrap();
+                assert!(
+                    got == pattern(seed, len),
+                    "{how}: {rel} listed with wrong bytes"
+                );
+            }
+            match client.open(rel) {
+                Ok((fd, _)) => assert!(read_all(fd) == pattern(seed, len), "{how}: {rel}"),
+                Err(ClientError::Refused(Refusal::NotStaged | Refusal::Verifying)) => {}
+                Err(e) => panic!("{how}: {rel}: {e}"),
+            }
+            let got = read(&c, Path::new(rel), 0, len as u64, 1 << 20).unwrap();
+            assert!(got == pattern(seed, len), "{how}: {rel} through the mount");
+        }
+        if how == "rewrite_same" {
+            until("both verified again", || c.snapshot().copies_verified == 2);
+        } else {
+            assert!(
+                c.snapshot().corrupt_blocks >= 1 || how == "truncate",
+                "{how}"
+            );
+        }
+        c.shutdown();
+    }
+}
+
+/// A copy verified and then cut short by a killed daemon's lost log is never trusted: the
+/// `Trusted` record is written only with (after) the blocks it vouches for.
+#[test]
+fn a_killed_daemon_leaves_no_record_trusting_a_copy_it_had_not_logged() {
+    let (_t, src, cache) = setup();
+    {
+        let (c, _) = mount(config(&src, &cache));
+        stage(&c, "big.bin");
+        until("verified", || c.snapshot().copies_verified == 1);
+        c.abandon(); // kill -9 before the flush: no block records, no trust record
+    }
+    let (c, _) = mount(config(&src, &cache));
+    let sock = started(&c);
+    let (table, _, _) = table_of(&sock);
+    until("the table complete", || table.flags() & FLAG_COMPLETE != 0);
+    assert_eq!(c.snapshot().copies_trusted, 0);
+    assert_eq!(table.lookup(b"big.bin"), Listing::Mount);
+    let got = read(&c, Path::new("big.bin"), 0, BIG as u64, 1 << 20).unwrap();
+    assert!(got == pattern(7, BIG));
+    c.shutdown();
+}
+
+/// A small copy is evicted whole, by unlinking: a descriptor a reader already holds (no pin)
+/// still reads every byte, and the table stops listing it.
+#[test]
+fn an_evicted_small_copy_is_unlisted_and_an_open_descriptor_keeps_its_bytes() {
+    let (_t, src, cache) = setup();
+    for i in 0..6 {
+        fs::write(src.join(format!("s{i}.bin")), pattern(20 + i, 600_000)).unwrap();
+    }
+    let mut cfg = config(&src, &cache);
+    // Room for three of the six, and no prefetch of the next files.
+    cfg.cache_size = 3 * 600_000 + 3 * 4096;
+    cfg.cross_file = 0;
+    let (c, _) = mount(cfg);
+    let sock = started(&c);
+    let (table, _, dir) = table_of(&sock);
+    read(&c, Path::new("s0.bin"), 0, 600_000, 1 << 20).unwrap();
+    until("s0 listed", || {
+        matches!(table.lookup(b"s0.bin"), Listing::Open(_))
+    });
+    let mut held = open_listed(&table, &dir, "s0.bin").unwrap();
+    for i in 1..6 {
+        read(&c, Path::new(&format!("s{i}.bin")), 0, 600_000, 1 << 20).unwrap();
+    }
+    until("s0 evicted and unlisted", || {
+        table.lookup(b"s0.bin") == Listing::Mount
+    });
+    assert!(open_listed(&table, &dir, "s0.bin").is_err());
+    let mut got = Vec::new();
+    held.read_to_end(&mut got).unwrap();
+    assert!(
+        got == pattern(20, 600_000),
+        "an evicted copy's open descriptor read other bytes"
+    );
     c.shutdown();
 }

@@ -180,6 +180,8 @@ struct Shared {
     cfg: FetchConfig,
     queues: Mutex<Queues>,
     work: Condvar,
+    /// Notified (under `queues`) whenever blocks leave a queue: feeders waiting for room.
+    room: Condvar,
     inflight: Mutex<HashMap<BlockId, Arc<Slot>>>,
     demand_active: AtomicUsize,
     demand: Mutex<Option<crossbeam_channel::Sender<DemandJob>>>,
@@ -241,6 +243,7 @@ impl Fetcher {
             cfg: cfg.clone(),
             queues: Mutex::new(Queues::default()),
             work: Condvar::new(),
+            room: Condvar::new(),
             inflight: Mutex::new(HashMap::new()),
             demand_active: AtomicUsize::new(0),
             demand: Mutex::new(None),
@@ -393,6 +396,25 @@ impl Fetcher {
         Ok(Fetched { data, hit: false })
     }
 
+    /// Waits until fewer than `depth` blocks wait in the queue of `prio`, the fetcher shuts
+    /// down, or `timeout` passes; whether there is room. Woken by the workers as they take
+    /// blocks, so a feeder (background staging) keeps the queue full without polling.
+    pub fn wait_for_room(&self, prio: Priority, depth: usize, timeout: Duration) -> bool {
+        let len = |q: &Queues| match prio {
+            Priority::ReadAhead => q.readahead.len(),
+            Priority::Staging => q.staging.len(),
+        };
+        let q = lock(&self.shared.queues);
+        let (q, _) = self
+            .shared
+            .room
+            .wait_timeout_while(q, timeout, |q| {
+                len(q) >= depth && !self.shared.shutdown.load(Relaxed)
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        len(&q) < depth
+    }
+
     /// Queues blocks for fetching ahead of readers. Blocks already cached, queued or in flight
     /// are skipped; when the queue is full the rest is dropped.
     pub fn prefetch(&self, wants: impl IntoIterator<Item = Want>, prio: Priority) {
@@ -431,6 +453,7 @@ impl Fetcher {
         for (w, _) in staging.drain(..) {
             queued.remove(&(w.entry, w.slot));
         }
+        self.shared.room.notify_all();
     }
 
     /// Stops the workers (queued work is dropped) and waits for them.
@@ -443,6 +466,7 @@ impl Fetcher {
         }
         lock(&self.shared.demand).take();
         self.shared.work.notify_all();
+        self.shared.room.notify_all();
         let handles: Vec<_> = lock(&self.workers).drain(..).collect();
         for h in handles {
             let _ = h.join();
@@ -561,6 +585,7 @@ fn worker(shared: &Shared) {
                     return;
                 }
                 if let Some(t) = q.readahead.pop_front() {
+                    shared.room.notify_all();
                     break t;
                 }
                 // While readers wait on the source, staging keeps half the pool.
@@ -572,6 +597,7 @@ fn worker(shared: &Shared) {
                 if q.staging_running < limit {
                     if let Some(t) = q.staging.pop_front() {
                         q.staging_running += 1;
+                        shared.room.notify_all();
                         break t;
                     }
                 }

@@ -5,7 +5,8 @@
 //! touching many small files benefits most, and one large file cannot hold up thousands of small
 //! ones. The stager feeds the fetcher's staging queue a little at a time ([`FEED_DEPTH`]
 //! blocks), so the queue stays bounded; the fetcher runs staging on its worker pool beside
-//! read-ahead.
+//! read-ahead. The stager waits for room on the fetcher's condition variable (woken as workers
+//! take blocks), not in a sleep loop.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -22,6 +23,9 @@ pub const SMALL_FILE: u64 = 4 * BLOCK_SIZE;
 /// Staging blocks queued at once: four per default worker, so the pool never runs dry between
 /// two feeds while the queue stays small.
 pub const FEED_DEPTH: usize = 128;
+/// How long the stager waits for room in the queue before it looks at the stop flag: the
+/// workers wake it as they take blocks, so this only bounds how late it sees a stop.
+const STOP_CHECK: Duration = Duration::from_millis(100);
 
 /// Orders `(item, size)` pairs given in directory order for staging: small files first, each
 /// group keeping the directory order.
@@ -55,11 +59,11 @@ pub fn spawn<T: Send + 'static>(
             );
             for item in plan {
                 for w in wants(&item) {
-                    while fetcher.queued(Priority::Staging) >= FEED_DEPTH {
+                    // Woken as the workers take blocks; the timeout is for the stop flag.
+                    while !fetcher.wait_for_room(Priority::Staging, FEED_DEPTH, STOP_CHECK) {
                         if stop.load(Relaxed) {
                             return;
                         }
-                        std::thread::sleep(Duration::from_millis(2));
                     }
                     if stop.load(Relaxed) {
                         return;

@@ -42,6 +42,10 @@ pub struct Stats {
     direct_refused_by: Mutex<BTreeMap<&'static str, u64>>,
     /// Bytes of files handed out as direct descriptors (each file's size, per open).
     pub bytes_direct: AtomicU64,
+    /// Copies trusted in this mount: read back whole and found intact, or written whole by it.
+    pub copies_verified: AtomicU64,
+    /// Copies trusted at a remount by their record alone (same inode and change time).
+    pub copies_trusted: AtomicU64,
     /// Bytes handed to the kernel's page cache ahead of an in-order reader (pushed from the
     /// cache; the reader's reads of them never reach the daemon).
     pub bytes_pushed: AtomicU64,
@@ -86,6 +90,14 @@ pub struct Stats {
     pub hints_rejected: AtomicU64,
     /// Bytes named by accepted hints.
     pub hint_bytes: AtomicU64,
+    /// Clients connected to the control socket now.
+    pub control_clients: AtomicU64,
+    /// Bytes of request lines the control socket holds now (partial lines, queued hints).
+    pub control_buffered: AtomicU64,
+    /// The most `control_buffered` has been.
+    pub control_buffered_peak: AtomicU64,
+    /// Control-socket connections dropped by the daemon (over the memory budget, out of step).
+    pub control_dropped: AtomicU64,
     errors: Mutex<VecDeque<String>>,
 }
 
@@ -108,9 +120,13 @@ pub struct StatsSnapshot {
     /// Bytes of files opened through passthrough (each file's size, per open): read by the
     /// kernel from scratch, unseen by the daemon.
     pub bytes_passthrough: u64,
-    /// Descriptors of verified copies handed to readers over the control socket.
+    /// Direct opens: descriptors of trusted copies handed to readers over the control socket,
+    /// and copies readers opened themselves through the direct table.
     #[serde(default)]
     pub direct_opens: u64,
+    /// Of those, opens through the direct table (counted by the readers; docs/direct.md).
+    #[serde(default)]
+    pub direct_table_opens: u64,
     /// Direct opens refused (the reader read through the mount instead).
     #[serde(default)]
     pub direct_refused: u64,
@@ -125,6 +141,13 @@ pub struct StatsSnapshot {
     /// Direct descriptors pinned now (granted and not yet closed by their clients).
     #[serde(default)]
     pub direct_pins: u64,
+    /// Copies trusted in this mount: read back whole and found intact, or written whole by it.
+    #[serde(default)]
+    pub copies_verified: u64,
+    /// Copies trusted at this mount by an earlier mount's record alone (the same inode, size
+    /// and change time: not read again).
+    #[serde(default)]
+    pub copies_trusted: u64,
     /// Seconds during which at least one reader was waiting on the source.
     pub stall_s: f64,
     /// Bytes pushed into the kernel's page cache ahead of in-order readers.
@@ -175,6 +198,18 @@ pub struct StatsSnapshot {
     /// The Unix socket taking read-order hints (`null` when there is none).
     #[serde(default)]
     pub hint_socket: Option<String>,
+    /// Clients connected to the control socket now.
+    #[serde(default)]
+    pub control_clients: u64,
+    /// Bytes of request lines the control socket holds now (within its budget).
+    #[serde(default)]
+    pub control_buffered: u64,
+    /// The most bytes of request lines the control socket has held at once.
+    #[serde(default)]
+    pub control_buffered_peak: u64,
+    /// Control-socket connections the daemon dropped (over its memory budget).
+    #[serde(default)]
+    pub control_dropped: u64,
     /// Number of errors seen.
     pub error_count: u64,
     /// The most recent errors.
@@ -211,6 +246,8 @@ impl Default for Stats {
             direct_opens: AtomicU64::new(0),
             direct_refused_by: Mutex::new(BTreeMap::new()),
             bytes_direct: AtomicU64::new(0),
+            copies_verified: AtomicU64::new(0),
+            copies_trusted: AtomicU64::new(0),
             bytes_pushed: AtomicU64::new(0),
             files_pushed: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -232,6 +269,10 @@ impl Default for Stats {
             hints_accepted: AtomicU64::new(0),
             hints_rejected: AtomicU64::new(0),
             hint_bytes: AtomicU64::new(0),
+            control_clients: AtomicU64::new(0),
+            control_buffered: AtomicU64::new(0),
+            control_buffered_peak: AtomicU64::new(0),
+            control_dropped: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
         }
     }
@@ -301,12 +342,15 @@ impl Stats {
             passthrough_opens: self.passthrough_opens.load(Relaxed),
             bytes_passthrough: self.bytes_passthrough.load(Relaxed),
             direct_opens: self.direct_opens.load(Relaxed),
+            direct_table_opens: 0,
             direct_refused: refused_by.values().sum(),
             direct_refused_by: refused_by
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
             bytes_direct: self.bytes_direct.load(Relaxed),
+            copies_verified: self.copies_verified.load(Relaxed),
+            copies_trusted: self.copies_trusted.load(Relaxed),
             stall_s: stall as f64 / 1e9,
             bytes_pushed: self.bytes_pushed.load(Relaxed),
             files_pushed: self.files_pushed.load(Relaxed),
@@ -329,6 +373,10 @@ impl Stats {
             hints_accepted: self.hints_accepted.load(Relaxed),
             hints_rejected: self.hints_rejected.load(Relaxed),
             hint_bytes: self.hint_bytes.load(Relaxed),
+            control_clients: self.control_clients.load(Relaxed),
+            control_buffered: self.control_buffered.load(Relaxed),
+            control_buffered_peak: self.control_buffered_peak.load(Relaxed),
+            control_dropped: self.control_dropped.load(Relaxed),
             errors: lock(&self.errors).iter().cloned().collect(),
             ..StatsSnapshot::default()
         }

@@ -6,6 +6,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use stagefs_prefetch::store::OPEN_DATA_FILES;
@@ -184,7 +185,8 @@ fn resident_pages(path: &Path) -> usize {
 fn own_file_blocks_read_directly_are_exact_verified_and_not_cached_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let (s, _, stats) = open(tmp.path(), 1 << 30);
-    let data = pattern(9, (3 * MB + 12_345) as usize);
+    // Over 4 MiB: a large copy (small ones are read through the page cache, as readers do).
+    let data = pattern(9, (5 * MB + 12_345) as usize);
     let id = put(&s, "big", &data, true, 0);
     s.flush().unwrap();
     let own = fs::read_dir(tmp.path().join("v2/files"))
@@ -200,7 +202,7 @@ fn own_file_blocks_read_directly_are_exact_verified_and_not_cached_twice() {
     let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(rc, 0);
     let droppable = resident_pages(&own) == 0;
-    for b in 0..4u64 {
+    for b in 0..6u64 {
         let got = s.read(id, b as u32).unwrap();
         let lo = (b * MB) as usize;
         assert!(got[..] == data[lo..lo + block_len(data.len() as u64, b) as usize]);
@@ -628,5 +630,85 @@ fn own_copy_is_allocated_whole_at_its_first_block_when_the_cache_has_room() {
         } else {
             assert!(allocated(&copy) < 2 * MB, "no room: {}", allocated(&copy));
         }
+    }
+}
+
+/// A copy written whole in this mount is trusted at once (its bytes are the ones checksummed as
+/// they were written); one completed in a later mount holds blocks that mount never wrote, so
+/// it is read back, and a block corrupted on scratch in between is caught, never trusted.
+#[test]
+fn a_copy_resumed_from_an_earlier_mount_is_read_back_before_it_is_trusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = pattern(9, (3 * MB + 777) as usize);
+    let whole = pattern(10, 200_000);
+    let key = "d/resumed.bin";
+    {
+        let (s, _, stats) = open(tmp.path(), 1 << 30);
+        let w = put(&s, "d/whole.bin", &whole, true, 1);
+        assert!(s.verify(w), "written whole here: trusted");
+        assert_eq!(stats.copies_verified.load(Relaxed), 1);
+        let id = s.create(
+            KeyKind::Raw,
+            key.as_bytes(),
+            v(data.len() as u64, 1),
+            4,
+            true,
+            2,
+        );
+        for b in 0..2u32 {
+            let lo = b as usize * MB as usize;
+            assert!(s.insert(id, b, &data[lo..lo + MB as usize]));
+        }
+        assert!(!s.verify(id), "not complete");
+        s.set_snapshot(1).unwrap();
+        s.close().unwrap();
+    }
+    // Corrupt block 0 of the resumed copy, written by the first mount.
+    let copies: Vec<_> = fs::read_dir(tmp.path().join("v2/files"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| fs::metadata(p).unwrap().len() >= 2 * MB)
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let f = fs::OpenOptions::new().write(true).open(&copies[0]).unwrap();
+    f.write_all_at(b"CORRUPT", 5).unwrap();
+    drop(f);
+    let (s, loaded, stats) = open(tmp.path(), 1 << 30);
+    let e = loaded
+        .entries
+        .iter()
+        .find(|e| loaded.key(e) == key.as_bytes())
+        .unwrap();
+    for b in 2..4u32 {
+        let lo = b as usize * MB as usize;
+        let hi = (lo + MB as usize).min(data.len());
+        assert!(s.insert(e.id, b, &data[lo..hi]));
+    }
+    assert!(
+        s.is_complete(e.id),
+        "every block stored, the bad one not read yet"
+    );
+    assert!(
+        !s.verify(e.id),
+        "a corrupt block written by an earlier mount was trusted"
+    );
+    assert_eq!(stats.corrupt_blocks.load(Relaxed), 1);
+    assert!(
+        !s.contains(e.id, 0),
+        "the bad block is dropped, to be fetched again"
+    );
+    // Fetched again (a copy evicted whole loses every block with the bad one).
+    for b in 0..4u32 {
+        let lo = b as usize * MB as usize;
+        let hi = (lo + MB as usize).min(data.len());
+        if !s.contains(e.id, b) {
+            assert!(s.insert(e.id, b, &data[lo..hi]));
+        }
+    }
+    assert!(s.verify(e.id));
+    for b in 0..4u32 {
+        let lo = b as usize * MB as usize;
+        let hi = (lo + MB as usize).min(data.len());
+        assert!(s.read(e.id, b).unwrap()[..] == data[lo..hi]);
     }
 }

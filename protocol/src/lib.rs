@@ -17,7 +17,13 @@
 //! - `{"op": "direct_open", "path": REL}`: asks for a read-only descriptor of the cache's
 //!   verified, exact copy of `REL` (relative to the mount root). Exactly one reply line;
 //! - `{"op": "direct_close", "pin": N}`: the client closed the descriptor of grant `N`; no
-//!   reply.
+//!   reply;
+//! - `{"op": "direct_table"}`: the direct table's descriptors ([`table`]). Exactly one reply
+//!   line;
+//! - `{"op": "stats_now"}`: the mount's counters rendered now (not the stats file's rendering,
+//!   which is kept up to a second while it is read), as one compact JSON object on one line of
+//!   at most [`MAX_STATS_REPLY`] bytes, no descriptor: what a test or a monitor waits on
+//!   instead of sleeping until the stats file is rendered again. Exactly one reply line.
 //!
 //! `REL` is a plain relative path: no root, no `.` or `..`, no empty component, no NUL, at
 //! most [`MAX_PATH`] bytes ([`check_path`]).
@@ -56,6 +62,8 @@ use rustix::net::{
 };
 use serde_json::Value;
 
+pub mod table;
+
 /// Name of the control socket in the cache directory (named for its first use, hints).
 pub const SOCKET_NAME: &str = "hints.sock";
 /// Longest request line: [`MAX_RANGES`] ranges of two 20-digit numbers need ~45 KiB.
@@ -77,6 +85,12 @@ pub const MAX_PINS_PER_CONNECTION: usize = 1024;
 pub const MAX_PINS: usize = 8192;
 /// Longest reply line: the largest has three 20-digit numbers.
 pub const MAX_REPLY: usize = 512;
+/// Longest `stats_now` reply line: the stats file's rendering is a few KiB (its error list is
+/// bounded to a few dozen messages); 64 KiB leaves room for paths and per-code counters, and
+/// a client reading it allocates at most this.
+pub const MAX_STATS_REPLY: usize = 64 << 10;
+/// The `stats_now` request line (with its newline).
+pub const STATS_NOW_LINE: &str = "{\"op\":\"stats_now\"}\n";
 /// How long a client waits for a reply (or to write a request) before it gives up: 10 s. A
 /// direct open of a copy not yet verified in this mount verifies it first (all of its bytes,
 /// through the page cache the reader reads next): at the ~1 GB/s of a node's NVMe that is a
@@ -86,9 +100,10 @@ pub const MAX_REPLY: usize = 512;
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room for a socket path in a socket address (108 bytes with its NUL, with a margin).
 pub const MAX_ADDR: usize = 100;
-/// Files of at most this many bytes are packed with others in the cache's segments and never
-/// get a direct descriptor ([`Refusal::Small`]): a client that knows a file's size need not
-/// ask. The daemon checks at compile time that this is its staging threshold.
+/// Files of at most this many bytes are *small*: their copies are evicted whole, so a
+/// descriptor of one needs no pin (a grant's `pin` is 0) and the direct table lists them for
+/// readers to open themselves ([`table`]). The daemon checks at compile time that this is its
+/// staging threshold.
 pub const SMALL_FILE: u64 = 4 << 20;
 
 /// Why a request line was not accepted.
@@ -147,6 +162,12 @@ pub enum Request {
     DirectOpen(String),
     /// The client closed the descriptor of this grant (no reply).
     DirectClose(u64),
+    /// Asks for the mount's direct table, its counters and the cache's `files/` directory (one
+    /// reply, three descriptors): [`table`].
+    DirectTable,
+    /// Asks for the mount's counters rendered now (one reply line, a JSON object, no
+    /// descriptor).
+    StatsNow,
 }
 
 /// Parses and bounds one request line (without its newline).
@@ -168,6 +189,8 @@ pub fn parse_request(line: &[u8]) -> Result<Request, Rejected> {
             check_path(path)?;
             Ok(Request::DirectOpen(path.to_string()))
         }
+        Some(Some("direct_table")) => Ok(Request::DirectTable),
+        Some(Some("stats_now")) => Ok(Request::StatsNow),
         Some(Some("direct_close")) => obj
             .get("pin")
             .and_then(Value::as_u64)
@@ -177,8 +200,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, Rejected> {
     }
 }
 
-/// Whether `line` is a `direct_open` request, valid or not (the daemon answers those even
-/// when it rejects them, so the client does not wait for a reply).
+/// Whether `line` is a request that gets a reply (`direct_open`, `direct_table`,
+/// `stats_now`), valid or not: the daemon answers those even when it rejects them, so the
+/// client does not wait.
 pub fn is_direct_open(line: &[u8]) -> bool {
     line.len() <= MAX_LINE
         && serde_json::from_slice::<Value>(line)
@@ -186,7 +210,7 @@ pub fn is_direct_open(line: &[u8]) -> bool {
             .and_then(|v| {
                 v.get("op")
                     .and_then(Value::as_str)
-                    .map(|o| o == "direct_open")
+                    .map(|o| matches!(o, "direct_open" | "direct_table" | "stats_now"))
             })
             .unwrap_or(false)
 }
@@ -261,14 +285,80 @@ pub fn check_path(path: &str) -> Result<(), Rejected> {
 
 /// The `direct_open` request line for `path` (with its newline).
 pub fn direct_open_line(path: &str) -> Result<String, Rejected> {
-    check_path(path)?;
-    let p = serde_json::to_string(path).map_err(|e| Rejected::Malformed(e.to_string()))?;
-    Ok(format!("{{\"op\":\"direct_open\",\"path\":{p}}}\n"))
+    let mut buf = [0u8; MAX_OPEN_LINE];
+    let n = encode_direct_open(path, &mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
+
+/// Room for the longest `direct_open` line: every byte of a [`MAX_PATH`]-byte path escaped as
+/// `\u00XX`, and the rest of the object.
+pub const MAX_OPEN_LINE: usize = MAX_PATH * 6 + 64;
+
+/// Writes the `direct_open` request line for `path` (with its newline) into `out`, without
+/// allocating (the preload library builds it inside `open`, which a signal handler may call);
+/// its length.
+pub fn encode_direct_open(path: &str, out: &mut [u8; MAX_OPEN_LINE]) -> Result<usize, Rejected> {
+    check_path(path)?;
+    let mut n = 0;
+    let mut put = |b: &[u8]| {
+        out[n..n + b.len()].copy_from_slice(b);
+        n += b.len();
+    };
+    put(b"{\"op\":\"direct_open\",\"path\":\"");
+    for &c in path.as_bytes() {
+        match c {
+            b'"' => put(b"\\\""),
+            b'\\' => put(b"\\\\"),
+            c if c < 0x20 => {
+                let hex = b"0123456789abcdef";
+                put(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    hex[usize::from(c >> 4)],
+                    hex[usize::from(c & 15)],
+                ]);
+            }
+            c => put(&[c]),
+        }
+    }
+    put(b"\"}\n");
+    Ok(n)
+}
+
+/// Writes the `direct_close` line for grant `pin` into `out` without allocating; its length.
+pub fn encode_direct_close(pin: u64, out: &mut [u8; 64]) -> usize {
+    let head = b"{\"op\":\"direct_close\",\"pin\":";
+    out[..head.len()].copy_from_slice(head);
+    let mut n = head.len();
+    let mut digits = [0u8; 20];
+    let mut k = 0;
+    let mut v = pin;
+    loop {
+        digits[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for d in digits[..k].iter().rev() {
+        out[n] = *d;
+        n += 1;
+    }
+    out[n..n + 2].copy_from_slice(b"}\n");
+    n + 2
+}
+
+/// The `direct_table` request line (with its newline).
+pub const DIRECT_TABLE_LINE: &str = "{\"op\":\"direct_table\"}\n";
 
 /// The `direct_close` request line for grant `pin` (with its newline).
 pub fn direct_close_line(pin: u64) -> String {
-    format!("{{\"op\":\"direct_close\",\"pin\":{pin}}}\n")
+    let mut buf = [0u8; 64];
+    let n = encode_direct_close(pin, &mut buf);
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 /// Why the daemon gave no direct descriptor (the client then reads through the mount).
@@ -283,9 +373,6 @@ pub enum Refusal {
     /// A `.npy/` view: rendered bytes, no copy on disk.
     #[error("a view")]
     View,
-    /// A small file, packed with others in a segment: no file of its own to hand out.
-    #[error("a small file packed in a segment")]
-    Small,
     /// The mount re-checks metadata (`--revalidate`): every read goes through it.
     #[error("the mount revalidates")]
     Revalidate,
@@ -310,6 +397,9 @@ pub enum Refusal {
     /// The mount is stopping.
     #[error("the mount is stopping")]
     Stopping,
+    /// The direct table is not made yet (the listing is still under way).
+    #[error("not ready yet")]
+    NotReady,
 }
 
 impl Refusal {
@@ -318,7 +408,6 @@ impl Refusal {
         Refusal::NotStaged,
         Refusal::Verifying,
         Refusal::View,
-        Refusal::Small,
         Refusal::Revalidate,
         Refusal::PinsFull,
         Refusal::NotRegular,
@@ -327,6 +416,7 @@ impl Refusal {
         Refusal::BadPath,
         Refusal::Malformed,
         Refusal::Stopping,
+        Refusal::NotReady,
     ];
 
     /// The code on the wire.
@@ -335,7 +425,6 @@ impl Refusal {
             Refusal::NotStaged => "not_staged",
             Refusal::Verifying => "verifying",
             Refusal::View => "view",
-            Refusal::Small => "small",
             Refusal::Revalidate => "revalidate",
             Refusal::PinsFull => "pins_full",
             Refusal::NotRegular => "not_regular",
@@ -344,6 +433,7 @@ impl Refusal {
             Refusal::BadPath => "bad_path",
             Refusal::Malformed => "malformed",
             Refusal::Stopping => "stopping",
+            Refusal::NotReady => "not_ready",
         }
     }
 
@@ -369,6 +459,8 @@ pub struct Granted {
 pub enum Reply {
     /// A descriptor comes with it.
     Granted(Granted),
+    /// The direct table and the `files/` directory come with it (in that order).
+    Table,
     /// No descriptor, and why.
     Refused(Refusal),
 }
@@ -381,36 +473,42 @@ impl Reply {
                 "{{\"pin\":{},\"size\":{},\"mtime_ns\":{}}}\n",
                 g.pin, g.size, g.mtime_ns
             ),
+            Reply::Table => "{\"table\":1}\n".to_string(),
             Reply::Refused(r) => format!("{{\"refused\":\"{}\"}}\n", r.code()),
         }
     }
 
-    /// Parses a reply line (without its newline).
+    /// Parses a reply line (without its newline), without allocating: the fields are read
+    /// into a borrowed struct (a refusal code with escapes in it is no code of ours).
     pub fn parse(line: &[u8]) -> Result<Reply, ClientError> {
-        let bad = |why: &str| ClientError::BadReply(why.to_string());
-        if line.len() > MAX_REPLY {
-            return Err(bad("too long"));
+        #[derive(serde::Deserialize)]
+        struct Wire<'a> {
+            pin: Option<u64>,
+            size: Option<u64>,
+            mtime_ns: Option<i64>,
+            #[serde(borrow)]
+            refused: Option<&'a str>,
+            table: Option<u64>,
         }
-        let v: Value = serde_json::from_slice(line).map_err(|e| bad(&e.to_string()))?;
-        if let Some(code) = v.get("refused") {
-            let r = code
-                .as_str()
-                .and_then(Refusal::from_code)
-                .ok_or_else(|| bad("unknown refusal"))?;
+        if line.len() > MAX_REPLY {
+            return Err(ClientError::BadReply("too long"));
+        }
+        let w: Wire<'_> =
+            serde_json::from_slice(line).map_err(|_| ClientError::BadReply("not a reply"))?;
+        if let Some(code) = w.refused {
+            let r = Refusal::from_code(code).ok_or(ClientError::BadReply("unknown refusal"))?;
             return Ok(Reply::Refused(r));
         }
-        let num = |k: &str| v.get(k).and_then(Value::as_u64);
-        match (
-            num("pin"),
-            num("size"),
-            v.get("mtime_ns").and_then(Value::as_i64),
-        ) {
+        if w.table == Some(1) {
+            return Ok(Reply::Table);
+        }
+        match (w.pin, w.size, w.mtime_ns) {
             (Some(pin), Some(size), Some(mtime_ns)) => Ok(Reply::Granted(Granted {
                 pin,
                 size,
                 mtime_ns,
             })),
-            _ => Err(bad("neither a grant nor a refusal")),
+            _ => Err(ClientError::BadReply("neither a grant nor a refusal")),
         }
     }
 }
@@ -426,20 +524,39 @@ pub enum ClientError {
     Io(#[from] io::Error),
     /// The daemon's answer was not a valid reply (the connection is then unusable).
     #[error("bad reply: {0}")]
-    BadReply(String),
+    BadReply(&'static str),
+    /// The reply came without its descriptors: the kernel dropped them because this process
+    /// is at its descriptor limit (`EMFILE`). The connection is still in step (the reply was
+    /// read whole, a grant's pin given back): ask again later.
+    #[error("the reply's descriptors did not fit under the process's descriptor limit")]
+    NoDescriptor,
 }
 
 /// Writes all of `bytes` to `sock` without `SIGPIPE`, attaching `fd` (if any) to the first
 /// byte. Waits as the socket's write timeout allows.
 pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    match fd {
+        Some(f) => send_fds(sock, bytes, &[f]),
+        None => send_fds(sock, bytes, &[]),
+    }
+}
+
+/// Most descriptors one reply carries: the direct table, its counters and the `files/`
+/// directory.
+pub const MAX_REPLY_FDS: usize = 3;
+
+/// [`send`] with up to [`MAX_REPLY_FDS`] descriptors attached to the first byte.
+pub fn send_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.len() > MAX_REPLY_FDS {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
     let mut at = 0;
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_REPLY_FDS))];
     let mut first = true;
     while at < bytes.len() {
         let iov = [IoSlice::new(&bytes[at..])];
         let mut control = SendAncillaryBuffer::new(&mut space);
-        if first && !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        if first && !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
             return Err(io::Error::other("no room for the descriptor"));
         }
         let n = match rustix::net::sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL) {
@@ -457,7 +574,8 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> i
 }
 
 /// Connects to `socket`, through a descriptor of its directory when the path is too long for a
-/// socket address.
+/// socket address. Allocates nothing for a path that fits (the preload library connects from
+/// inside `open`).
 pub fn connect(socket: &Path) -> io::Result<UnixStream> {
     if socket.as_os_str().len() < MAX_ADDR {
         return UnixStream::connect(socket);
@@ -466,9 +584,40 @@ pub fn connect(socket: &Path) -> io::Result<UnixStream> {
         (Some(d), Some(n)) => (d, n),
         _ => return Err(io::ErrorKind::InvalidInput.into()),
     };
-    let d = std::fs::File::open(dir)?;
+    let d = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    // "/proc/self/fd/N/NAME" in a stack buffer.
+    let mut buf = [0u8; MAX_ADDR + 64];
+    let head = b"/proc/self/fd/";
+    let mut n = head.len();
+    buf[..n].copy_from_slice(head);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&d);
-    let via = Path::new("/proc/self/fd").join(fd.to_string()).join(name);
+    let mut digits = [0u8; 10];
+    let (mut k, mut v) = (0, fd.unsigned_abs());
+    loop {
+        digits[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for dgt in digits[..k].iter().rev() {
+        buf[n] = *dgt;
+        n += 1;
+    }
+    let name = name.as_encoded_bytes();
+    if n + 1 + name.len() > MAX_ADDR {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    buf[n] = b'/';
+    buf[n + 1..n + 1 + name.len()].copy_from_slice(name);
+    n += 1 + name.len();
+    // SAFETY: the bytes are "/proc/self/fd/" + digits + "/" + a file name, all from OsStr.
+    let via = unsafe { std::ffi::OsStr::from_encoded_bytes_unchecked(&buf[..n]) };
     UnixStream::connect(via)
 }
 
@@ -499,39 +648,110 @@ impl DirectClient {
     /// Asks for a direct descriptor of `path` (relative to the mount root). The descriptor is
     /// close-on-exec, opened read-only, checked to be a regular file of the granted size.
     /// After an [`ClientError::Io`] or [`ClientError::BadReply`] the connection is out of step:
-    /// drop it.
+    /// drop it. Allocates nothing (the preload library calls it inside `open`).
     pub fn open(&mut self, path: &str) -> Result<(OwnedFd, Granted), ClientError> {
-        let line = direct_open_line(path).map_err(|_| ClientError::Refused(Refusal::BadPath))?;
-        send(self.stream.as_fd(), line.as_bytes(), None)?;
-        let (reply, fd) = self.read_reply()?;
+        let mut line = [0u8; MAX_OPEN_LINE];
+        let n = encode_direct_open(path, &mut line)
+            .map_err(|_| ClientError::Refused(Refusal::BadPath))?;
+        send_fds(self.stream.as_fd(), &line[..n], &[])?;
+        let (reply, [fd, _, _]) = self.read_reply()?;
         match (reply, fd) {
             (Reply::Refused(r), _) => Err(ClientError::Refused(r)),
             (Reply::Granted(g), Some(fd)) => match check_descriptor(&fd, g.size) {
                 Ok(()) => Ok((fd, g)),
                 Err(why) => {
                     // Not what was promised: give the pin back, refuse the descriptor.
-                    let _ = self.close(g.pin);
-                    Err(ClientError::BadReply(why.into()))
+                    if g.pin != 0 {
+                        let _ = self.close(g.pin);
+                    }
+                    Err(ClientError::BadReply(why))
                 }
             },
-            (Reply::Granted(_), None) => {
-                Err(ClientError::BadReply("grant without a descriptor".into()))
+            (Reply::Granted(g), None) => {
+                // Dropped by the kernel (descriptor limit): give the pin back.
+                if g.pin != 0 {
+                    self.close(g.pin)?;
+                }
+                Err(ClientError::NoDescriptor)
             }
+            (Reply::Table, _) => Err(ClientError::BadReply("a table for an open")),
+        }
+    }
+
+    /// Asks for the mount's direct table ([`table`]): the table's memory file, its counters'
+    /// and a descriptor of the cache's `files/` directory, all close-on-exec. The table and
+    /// counters are checked when mapped ([`table::TableReader::map`]); the directory here.
+    pub fn table(&mut self) -> Result<(OwnedFd, OwnedFd, OwnedFd), ClientError> {
+        send_fds(self.stream.as_fd(), DIRECT_TABLE_LINE.as_bytes(), &[])?;
+        match self.read_reply()? {
+            (Reply::Refused(r), _) => Err(ClientError::Refused(r)),
+            (Reply::Table, [Some(table), Some(counters), Some(dir)]) => {
+                let st = rustix::fs::fstat(&dir).map_err(io::Error::from)?;
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    != rustix::fs::FileType::Directory
+                {
+                    return Err(ClientError::BadReply("the files directory is not one"));
+                }
+                Ok((table, counters, dir))
+            }
+            (Reply::Table, _) => Err(ClientError::NoDescriptor),
+            _ => Err(ClientError::BadReply("not a table reply")),
+        }
+    }
+
+    /// Asks for the mount's counters rendered now (`stats_now`): the JSON object of the stats
+    /// file, read in at most [`MAX_STATS_REPLY`] bytes. Allocates (not for signal handlers).
+    pub fn stats_now(&mut self) -> Result<Value, ClientError> {
+        send_fds(self.stream.as_fd(), STATS_NOW_LINE.as_bytes(), &[])?;
+        let mut line = Vec::with_capacity(4096);
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match rustix::io::read(self.stream.as_fd(), &mut buf) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ClientError::Io(e.into())),
+            };
+            if n == 0 {
+                return Err(ClientError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+            line.extend_from_slice(&buf[..n]);
+            if let Some(end) = line.iter().position(|&b| b == b'\n') {
+                if end + 1 != line.len() {
+                    return Err(ClientError::BadReply("bytes after the reply"));
+                }
+                line.truncate(end);
+                break;
+            }
+            if line.len() > MAX_STATS_REPLY {
+                return Err(ClientError::BadReply("reply too long"));
+            }
+        }
+        if let Ok(Reply::Refused(r)) = Reply::parse(&line) {
+            return Err(ClientError::Refused(r));
+        }
+        match serde_json::from_slice::<Value>(&line) {
+            Ok(v) if v.is_object() => Ok(v),
+            _ => Err(ClientError::BadReply("not a stats object")),
         }
     }
 
     /// Tells the daemon the descriptor of grant `pin` is closed (its pin is released).
     pub fn close(&mut self, pin: u64) -> io::Result<()> {
-        send(self.stream.as_fd(), direct_close_line(pin).as_bytes(), None)
+        let mut line = [0u8; 64];
+        let n = encode_direct_close(pin, &mut line);
+        send_fds(self.stream.as_fd(), &line[..n], &[])
     }
 
-    /// Reads one reply line (bounded by [`MAX_REPLY`]) and the descriptor that came with it.
-    fn read_reply(&mut self) -> Result<(Reply, Option<OwnedFd>), ClientError> {
+    /// Reads one reply line (bounded by [`MAX_REPLY`]) and the descriptors that came with it
+    /// (at most [`MAX_REPLY_FDS`]; any more are closed). Allocates nothing.
+    fn read_reply(&mut self) -> Result<(Reply, [Option<OwnedFd>; MAX_REPLY_FDS]), ClientError> {
         let mut line = [0u8; MAX_REPLY + 1];
         let mut len = 0;
-        let mut fd: Option<OwnedFd> = None;
+        let mut got_fds: [Option<OwnedFd>; MAX_REPLY_FDS] = [None, None, None];
+        let mut nfds = 0;
         loop {
-            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut space =
+                [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_REPLY_FDS))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
             // One byte at a time past the first read would be slow; a reply is one small
             // message, so this loop runs once in practice. Never read past the newline: the
@@ -550,9 +770,10 @@ impl DirectClient {
             for msg in control.drain() {
                 if let RecvAncillaryMessage::ScmRights(fds) = msg {
                     for f in fds {
-                        // The first is ours; any other is dropped (closed) here.
-                        if fd.is_none() {
-                            fd = Some(f);
+                        // Ours up to the bound; any other is dropped (closed) here.
+                        if nfds < MAX_REPLY_FDS {
+                            got_fds[nfds] = Some(f);
+                            nfds += 1;
                         }
                     }
                 }
@@ -563,12 +784,12 @@ impl DirectClient {
             len += got.bytes;
             if let Some(end) = line[..len].iter().position(|&b| b == b'\n') {
                 if end + 1 != len {
-                    return Err(ClientError::BadReply("bytes after the reply".into()));
+                    return Err(ClientError::BadReply("bytes after the reply"));
                 }
-                return Ok((Reply::parse(&line[..end])?, fd));
+                return Ok((Reply::parse(&line[..end])?, got_fds));
             }
             if len > MAX_REPLY {
-                return Err(ClientError::BadReply("reply too long".into()));
+                return Err(ClientError::BadReply("reply too long"));
             }
         }
     }
@@ -628,6 +849,11 @@ mod tests {
         }
         let long = "a/".repeat(MAX_PATH / 2) + "b";
         assert!(direct_open_line(&long).is_err());
+        assert_eq!(
+            parse_request(STATS_NOW_LINE.trim_end().as_bytes()),
+            Ok(Request::StatsNow)
+        );
+        assert!(is_direct_open(STATS_NOW_LINE.trim_end().as_bytes()));
         assert!(matches!(
             parse_request(br#"{"op":"direct_nope"}"#),
             Err(Rejected::Malformed(_))

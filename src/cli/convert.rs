@@ -44,7 +44,7 @@ pub struct Args {
     /// without this flag the exit status is 1 when anything was listed.
     #[arg(long)]
     pub allow_bad: bool,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: one per core the job may use: its affinity mask and cgroup quota).
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
     /// Parquet: drop rows with a null/NaN in any (selected) column. Order-sensitive step.

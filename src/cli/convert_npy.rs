@@ -81,11 +81,15 @@ pub fn run(args: &super::convert::Args) -> anyhow::Result<i32> {
         };
         jobs.push((source, dest));
     }
-    let mut pool = rayon::ThreadPoolBuilder::new();
-    if let Some(j) = args.jobs {
-        pool = pool.num_threads(j.max(1));
-    }
-    let pool = pool.build().context("cannot start worker threads")?;
+    // Without -j, one worker per core the job has (its affinity mask and cgroup quota).
+    let threads = args
+        .jobs
+        .map_or_else(stagefs_views::job_cores, |j| j.max(1));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("cannot start worker threads")?;
+    tracing::debug!(threads, "convert workers");
     // One budget for the whole process, whatever -j is and however many sources.
     let budget = DecodeBudget::new(args.image.decode_budget);
     let bad: BadList = Arc::default();

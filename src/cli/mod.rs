@@ -6,6 +6,7 @@ pub mod convert_parquet;
 pub mod index;
 pub mod logging;
 pub mod mount;
+pub mod preload;
 pub mod run;
 pub mod stat;
 pub mod stream;

@@ -36,11 +36,13 @@ const RUN_HELP: &str = concat!(
     "to others; otherwise inside a per-user directory `stagefs-<uid>` there (created 0700; refused\n",
     "if another user made it). Caches are private (0700/0600) and a later job reuses them.\n",
     "\n",
-    "Direct reads: CMD runs with libstagefs_direct.so (found next to this executable) in\n",
-    "LD_PRELOAD. A read-only open of a staged, verified large file under a mount then gets a\n",
-    "read-only descriptor of the cache's copy from the mount's daemon (its private control\n",
-    "socket) and reads at local speed; anything else reads through the mount. --no-direct or\n",
-    "STAGEFS_DIRECT=0 turns it off (docs/direct.md).\n",
+    "Direct reads: CMD runs with the direct-read library this binary carries in LD_PRELOAD\n",
+    "(written into the first mount's cache directory). A read-only open of a staged, verified\n",
+    "file under a mount then opens the cache's copy itself (small files, through the mount's\n",
+    "direct table) or gets a descriptor of it from the mount's daemon over its private control\n",
+    "socket (large files), and reads at local speed; anything else reads through the mount.\n",
+    "The first lines say whether direct reads are on, and why not. --no-direct or\n",
+    "STAGEFS_DIRECT=0 turns them off (docs/direct.md).\n",
 );
 
 /// Run a job step: mount inputs, run CMD, and bring its outputs home safely.
@@ -206,13 +208,25 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Some(split) => split,
         None => bail!("no command given after --"),
     };
-    let envs = if args.no_direct || std::env::var_os("STAGEFS_DIRECT").is_some_and(|v| v == "0") {
+    let mut library = None;
+    let (envs, say) = if args.no_direct {
         // Said to CMD too, so that stagefs.Loader, which asks the daemon itself, reads through
         // the mounts as well.
-        vec![("STAGEFS_DIRECT".into(), "0".into())]
+        (
+            vec![("STAGEFS_DIRECT".into(), "0".into())],
+            "direct reads: off (--no-direct)".to_string(),
+        )
+    } else if std::env::var_os("STAGEFS_DIRECT").is_some_and(|v| v == "0") {
+        (
+            vec![("STAGEFS_DIRECT".into(), "0".into())],
+            "direct reads: off (STAGEFS_DIRECT=0)".to_string(),
+        )
     } else {
-        direct_env(&exe, &mounts)
+        direct_env(&mounts, &mut library)
     };
+    if !mounts.is_empty() {
+        eprintln!("stagefs run: {say}");
+    }
     let child = match Supervised::spawn(program, rest, &envs) {
         Ok(c) => c,
         Err(e) => {
@@ -353,33 +367,21 @@ fn sync_pair(syncer: &Syncer, s: &SyncSpec, why: &str) -> bool {
     }
 }
 
-/// The direct-read library's file name, looked for next to the `stagefs` executable (the
-/// wheel packs it there).
-pub const DIRECT_LIB: &str = "libstagefs_direct.so";
-
-/// The environment that gives CMD direct descriptors of staged files: the library in
-/// `LD_PRELOAD` (before any the user set) and `STAGEFS_DIRECT_MOUNTS=MNT=SOCKET:...`, each
-/// mount's control socket read from its stats file. Empty (with a note) without the library;
-/// mounts whose socket cannot be found are left out (read through FUSE).
-fn direct_env(exe: &Path, mounts: &[MountSpec]) -> Vec<(OsString, OsString)> {
-    let lib = exe.with_file_name(DIRECT_LIB);
-    if !lib.is_file() {
-        eprintln!(
-            "stagefs run: {} not found: reads go through the mounts",
-            lib.display()
-        );
-        return Vec::new();
-    }
+/// The environment that gives CMD direct reads of staged files: the library this binary
+/// carries ([`super::preload`]) first in `LD_PRELOAD`, and `STAGEFS_DIRECT_MOUNTS=MNT=SOCKET:...`,
+/// each mount's control socket read from its stats file; and the line that says whether
+/// direct reads are on (and why not). Mounts whose socket cannot be found are left out (read
+/// through FUSE). The library stays written out while `keep` lives.
+fn direct_env(
+    mounts: &[MountSpec],
+    keep: &mut Option<super::preload::Installed>,
+) -> (Vec<(OsString, OsString)>, String) {
     let mut list = OsString::new();
+    let mut missing = Vec::new();
     for m in mounts {
-        let Some(socket) = control_socket(&m.mnt) else {
-            eprintln!(
-                "stagefs run: no control socket for {}: its reads go through the mount",
-                m.mnt.display()
-            );
-            continue;
-        };
-        let Ok(mnt) = std::fs::canonicalize(&m.mnt) else {
+        let (Some(socket), Ok(mnt)) = (control_socket(&m.mnt), std::fs::canonicalize(&m.mnt))
+        else {
+            missing.push(m.mnt.display().to_string());
             continue;
         };
         if !list.is_empty() {
@@ -389,18 +391,42 @@ fn direct_env(exe: &Path, mounts: &[MountSpec]) -> Vec<(OsString, OsString)> {
         list.push("=");
         list.push(socket.as_os_str());
     }
+    let Some(first) = mounts.first() else {
+        return (Vec::new(), "direct reads: off (no --mount)".into());
+    };
     if list.is_empty() {
-        return Vec::new();
+        return (
+            Vec::new(),
+            "direct reads: off (no mount's control socket was found; reads go through the \
+             mounts)"
+                .into(),
+        );
     }
-    let mut preload = lib.into_os_string();
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
-        preload.push(":");
-        preload.push(old);
+    let lib = match super::preload::install(&first.cache) {
+        Ok(lib) => lib,
+        Err(why) => {
+            return (
+                Vec::new(),
+                format!("direct reads: off ({why}); reads go through the mounts"),
+            )
+        }
+    };
+    let mut say = format!("direct reads: on (library {})", lib.path.display());
+    if !missing.is_empty() {
+        say.push_str(&format!(
+            "; not for {} (no control socket)",
+            missing.join(", ")
+        ));
     }
-    vec![
-        ("LD_PRELOAD".into(), preload),
+    let env = vec![
+        (
+            "LD_PRELOAD".into(),
+            super::preload::preload_value(&lib.path),
+        ),
         ("STAGEFS_DIRECT_MOUNTS".into(), list),
-    ]
+    ];
+    *keep = Some(lib);
+    (env, say)
 }
 
 /// The control socket of the mount at `mnt` (the stats file's `hint_socket`).

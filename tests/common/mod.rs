@@ -141,24 +141,60 @@ impl Mount {
         serde_json::from_slice(&fs::read(self.mnt.join(".stagefs/stats")).unwrap()).unwrap()
     }
 
+    /// The counters rendered now, asked on the control socket (`stats_now`): unlike the stats
+    /// file, never a rendering kept from up to a second ago.
+    pub fn stats_now(&self) -> serde_json::Value {
+        let sock = self.cache.join(stagefs_protocol::SOCKET_NAME);
+        stagefs_protocol::DirectClient::connect(&sock)
+            .unwrap()
+            .stats_now()
+            .unwrap()
+    }
+
+    /// Waits until `pred` holds for the counters, asked on the control socket each time.
+    pub fn wait_stats_now(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let sock = self.cache.join(stagefs_protocol::SOCKET_NAME);
+        let mut c = stagefs_protocol::DirectClient::connect(&sock).unwrap();
+        poll(
+            what,
+            Duration::from_millis(5),
+            || c.stats_now().unwrap(),
+            pred,
+        )
+    }
+
     /// Waits until `pred` holds for the stats (background staging, flushes).
     pub fn wait_stats(
         &self,
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let s = self.stats();
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {s}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        poll(what, Duration::from_millis(50), || self.stats(), pred)
+    }
+}
+
+/// Takes `get()` every `every` until `pred` holds for it (at most 30 s) and returns it.
+fn poll(
+    what: &str,
+    every: Duration,
+    mut get: impl FnMut() -> serde_json::Value,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = get();
+        if pred(&s) {
+            return s;
         }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {s}"
+        );
+        std::thread::sleep(every);
     }
 }
 

@@ -22,7 +22,7 @@ TORCH = ["torch_load", "torch_workers_fork", "torch_workers_spawn"]
 
 
 def make_source(src, torch):
-    """Files above the 4 MiB of a small file (packed in segments, never direct)."""
+    """Files above the 4 MiB of a small file (pinned descriptors over the socket)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image

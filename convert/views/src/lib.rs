@@ -4,6 +4,7 @@
 //! and decoders get their input bytes from the caller, so the mount feeds them from the scratch
 //! cache and `stagefs convert` from plain files.
 
+pub mod cores;
 pub mod error;
 pub mod image;
 pub mod source;
@@ -13,6 +14,7 @@ pub mod view;
 pub mod viewset;
 pub mod write;
 
+pub use cores::job_cores;
 pub use error::ViewError;
 pub use source::{ByteSource, DirSource, EntryKind, SourceEntry};
 pub use tree::{ImageFolder, TableFormat, ViewDir, ViewTree};

@@ -226,3 +226,40 @@ fn wide_csv_of_1e4_columns_parses_each_block_once_for_all_column_files() {
         COLS.div_ceil(7)
     );
 }
+
+#[test]
+fn regression_csv_blocks_of_long_fields_held_the_whole_file() {
+    // 20 records of a number and a 4 MiB text field (80 MiB): two columns give blocks of
+    // 64 Ki records, so the whole file was one block, held whole by the indexing decoder and
+    // by every read of a column. Blocks are now cut at MAX_BLOCK_BYTES.
+    const ROWS: usize = 20;
+    let dir = tempfile::tempdir().expect("tmp");
+    let field = "x".repeat(4 << 20);
+    let mut text = String::with_capacity(ROWS * (field.len() + 8) + 8);
+    text.push_str("n,note\n");
+    for r in 0..ROWS {
+        text.push_str(&format!("{r},{field}\n"));
+    }
+    std::fs::write(dir.path().join("long.csv"), &text).expect("write");
+    drop(text);
+    let (_, set) = counting(dir.path());
+    let table = set
+        .table(Path::new("long.csv"), TableFormat::Csv)
+        .expect("table");
+    let max = stagefs_views::table::csv::MAX_BLOCK_BYTES;
+    let per_block = (max as usize / field.len()).max(1);
+    assert!(
+        table.blocks() >= ROWS.div_ceil(per_block),
+        "{} blocks for {} MiB of text",
+        table.blocks(),
+        (ROWS * field.len()) >> 20
+    );
+    let col = read_at(&set, "long.csv/n.npy", 0, 1 << 20);
+    let (h, start) = stagefs_npy::NpyHeader::parse(&col).expect("npy");
+    assert_eq!(h.shape, vec![ROWS as u64]);
+    let vals: Vec<i64> = col[start..]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8")))
+        .collect();
+    assert_eq!(vals, (0..ROWS as i64).collect::<Vec<_>>());
+}

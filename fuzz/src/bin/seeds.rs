@@ -301,6 +301,26 @@ fn parquet_pages(tables: &std::path::Path, out: &std::path::Path) -> std::io::Re
     Ok(())
 }
 
+/// Control-socket request lines: every kind, bad paths, a deep array, an over-long line.
+fn protocol_request(out: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let lines: [(&str, Vec<u8>); 9] = [
+        ("hint", br#"{"path":"a/b.npy","ranges":[[0,4096],[8192,10]]}"#.to_vec()),
+        ("scope", br#"{"op":"hint","path":"x","scope":3,"ranges":[[0,1]]}"#.to_vec()),
+        ("open", br#"{"op":"direct_open","path":"d/e f.bin"}"#.to_vec()),
+        ("close", br#"{"op":"direct_close","pin":17}"#.to_vec()),
+        ("table", br#"{"op":"direct_table"}"#.to_vec()),
+        ("stats", br#"{"op":"stats_now"}"#.to_vec()),
+        ("dotdot", br#"{"op":"direct_open","path":"a/../../etc/passwd"}"#.to_vec()),
+        ("deep", format!("{}{}", "[".repeat(200), "]".repeat(200)).into_bytes()),
+        ("long", vec![b' '; 65 << 10]),
+    ];
+    for (name, line) in lines {
+        put(out, &format!("{name}.json"), &line)?;
+    }
+    Ok(())
+}
+
 fn main() -> std::io::Result<()> {
     let root = PathBuf::from(
         std::env::args_os()
@@ -316,6 +336,7 @@ fn main() -> std::io::Result<()> {
     )?;
     cache_index(&root.join("cache_index"))?;
     parquet_pages(&root.join("table_parquet"), &root.join("parquet_pages"))?;
+    protocol_request(&root.join("protocol_request"))?;
     println!("seed corpora written under {}", root.display());
     Ok(())
 }

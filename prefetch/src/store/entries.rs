@@ -26,6 +26,10 @@ use super::{CacheStore, Inner};
 /// [`BLOCK_SIZE`]).
 pub const MAX_SLOT_BYTES: u64 = u32::MAX as u64;
 
+/// Copies of at most this many bytes are evicted whole (`Entry::whole`): the staging
+/// threshold for small files (4 MiB, [`crate::staging::SMALL_FILE`]).
+pub const WHOLE_BYTES: u64 = crate::staging::SMALL_FILE;
+
 /// Blocks of an entry.
 pub(super) enum Slots {
     /// One slot (most small files); `len == 0` means absent.
@@ -53,12 +57,26 @@ pub(super) struct Entry {
     pub(super) present: u32,
     pub(super) kind: KeyKind,
     pub(super) own_file: bool,
+    /// A copy of its own that is evicted whole, never block by block: a small file. Its copy is
+    /// only ever unlinked, never changed in place, so a descriptor of it (direct, unpinned)
+    /// always reads all of its bytes.
+    pub(super) whole: bool,
+    /// The source's mtime (what the copy's own mtime is set to before it is handed out).
+    pub(super) mtime_ns: i64,
+    /// What identifies the copy as verified ([`super::trust`]): its inode (0: not recorded) and
+    /// change time, from this mount's verification or a `Trusted` record of an earlier one.
+    pub(super) trust_ino: u64,
+    pub(super) trust_ctime: i64,
     /// Every block verified against its checksum since this mount started (passthrough reads
     /// bypass the daemon, so they are allowed only then).
     pub(super) verified: bool,
     /// A verification of it is under way (in the background or for a reader): a second one
     /// waits for it or skips it instead of reading the copy again.
     pub(super) verifying: bool,
+    /// Created in this mount: every block of the copy was written by this mount from bytes
+    /// whose checksum it computed as it wrote them, so, once complete, it is trusted without
+    /// being read back ([`super::trust`]). False for entries replayed from the cache log.
+    pub(super) written_here: bool,
     pub(super) pins: u32,
     /// Number of the own data file (0 until the first block is stored).
     pub(super) own_no: u32,
@@ -87,6 +105,7 @@ impl Entry {
         own_file: bool,
         owner: u32,
         nslots: u32,
+        mtime_ns: i64,
     ) -> Entry {
         Entry {
             rec_at,
@@ -95,8 +114,13 @@ impl Entry {
             present: 0,
             kind,
             own_file,
+            whole: own_file && u64::from(nslots) * BLOCK_SIZE <= WHOLE_BYTES,
+            mtime_ns,
+            trust_ino: 0,
+            trust_ctime: 0,
             verified: false,
             verifying: false,
+            written_here: false,
             pins: 0,
             own_no: 0,
             slots: if nslots > 1 {
@@ -286,7 +310,8 @@ impl CacheStore {
         let id = inner.entries.len() as EntryId;
         let mut log = lock(&self.log);
         let rec_at = log.len + log.pending.len() as u64;
-        let e = Entry::new(rec_at, kind, own_file, owner, slots);
+        let mut e = Entry::new(rec_at, kind, own_file, owner, slots, version.mtime_ns);
+        e.written_here = true;
         record::encode(&e.record(id, version, key), &mut log.pending);
         drop(log);
         inner.entries.push(Some(e));
@@ -346,9 +371,9 @@ impl CacheStore {
             .is_some_and(Entry::complete)
     }
 
-    /// Complete entries with a data file of their own (large files) not yet verified in this
-    /// mount: what verification in the background after a remount goes through, so a warm
-    /// epoch finds its copies ready for passthrough and direct descriptors.
+    /// Complete entries with a data file of their own not yet verified in this mount: what the
+    /// remount's check goes through (a `Trusted` record then costs one `fstatat`, else the copy
+    /// is read), so a warm epoch finds its copies ready for passthrough and direct reads.
     pub fn unverified_copies(&self) -> Vec<EntryId> {
         let inner = lock(&self.inner);
         let copies = inner.entries.iter().enumerate().filter_map(|(i, e)| {

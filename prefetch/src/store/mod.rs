@@ -38,8 +38,8 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use lru::LruCache;
@@ -55,6 +55,7 @@ pub mod cache_log;
 mod entries;
 pub mod eviction;
 pub mod scratch;
+pub mod trust;
 
 use cache_log::record::{self, EntryId, KeyKind, Loc, Record};
 use cache_log::{append, open_log, Log, OLD_LOG_FILE};
@@ -63,6 +64,7 @@ pub use entries::{Loaded, LoadedEntry, MAX_SLOT_BYTES};
 use eviction::{lru_key, Eviction};
 pub use scratch::verify_block;
 use scratch::{aligned, punch_hole, DirectRead, SegState};
+pub use trust::{OnTrust, TrustEvent, Trusted};
 
 /// Own data files kept open (and as many direct-read descriptors of them): enough for the
 /// large files being read and staged at once, far below the descriptor limit.
@@ -75,16 +77,6 @@ pub const FORMAT_DIR: &str = "v2";
 /// the direct-open client's reply timeout (10 s), so a client never gives up on an open the
 /// daemon is still answering; the client reads through the mount if it does come.
 pub const VERIFY_WAIT: Duration = Duration::from_secs(8);
-
-/// Where the verification of one entry stands ([`CacheStore::begin_verify`]).
-enum Verify {
-    /// Nothing to read: verified (true), or not complete (false).
-    Done(bool),
-    /// Another caller is verifying it now.
-    Busy,
-    /// Claimed: these blocks (slot, location) are to be checked.
-    Go(Vec<(u32, Loc)>),
-}
 
 /// Where and how big the cache is.
 #[derive(Clone, Debug)]
@@ -131,8 +123,14 @@ pub struct CacheStore {
     direct_files: Mutex<LruCache<u32, Arc<File>>>,
     /// Whether blocks are read with `O_DIRECT` (configured; off at the first `EINVAL`).
     direct: AtomicBool,
-    /// Told of each large file whose copy has just become complete ([`Self::set_on_complete`]).
+    /// Told of each file whose copy has just become complete ([`Self::set_on_complete`]).
     on_complete: RwLock<Option<OnComplete>>,
+    /// Told when a copy becomes trusted or stops being ([`trust`]).
+    on_trust: RwLock<Option<OnTrust>>,
+    /// Signalled when a verification ends (readers waiting for one, [`trust`]).
+    verified_cv: Condvar,
+    /// The device of the cache's `files/` directory (where every copy is).
+    dev: u64,
 }
 
 /// What the store tells of a copy that has just become complete: its entry.
@@ -170,6 +168,7 @@ impl CacheStore {
             }
         }
         let cap = NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN);
+        let dev = rustix::fs::fstat(filedir.fd()).map_or(0, |st| st.st_dev);
         let (file, len) = open_log(&dir).map_err(io_err)?;
         let store = CacheStore {
             lock: Mutex::new(Some(held)),
@@ -194,6 +193,7 @@ impl CacheStore {
                 len,
                 pending: Vec::new(),
                 garbage: 0,
+                trust_pending: false,
             }),
             flushing: Mutex::new(()),
             stats,
@@ -202,6 +202,9 @@ impl CacheStore {
             direct_files: Mutex::new(LruCache::new(cap)),
             direct: AtomicBool::new(cfg.direct_reads),
             on_complete: RwLock::new(None),
+            on_trust: RwLock::new(None),
+            verified_cv: Condvar::new(),
+            dev,
         };
         let loaded = store.replay().map_err(io_err)?;
         Ok((store, loaded))
@@ -246,13 +249,20 @@ impl CacheStore {
     /// Slot `slot` of entry `id`, if stored and intact: read once from scratch into fresh
     /// memory and verified against its checksum. A corrupt block is dropped (a miss).
     pub fn read(&self, id: EntryId, slot: u32) -> Option<Bytes> {
-        let loc = {
+        let (loc, whole) = {
             let mut inner = lock(&self.inner);
-            let loc = inner.entries.get(id as usize)?.as_ref()?.loc(slot)?;
+            let e = inner.entries.get(id as usize)?.as_ref()?;
+            let (loc, whole) = (e.loc(slot)?, e.whole);
             inner.evict.touch(lru_key(id, slot));
-            loc
+            (loc, whole)
         };
-        let got = match self.read_direct(loc) {
+        // Small copies are read through the page cache, as the direct readers read them.
+        let direct = if whole {
+            DirectRead::NotDirect
+        } else {
+            self.read_direct(loc)
+        };
+        let got = match direct {
             DirectRead::Block(bytes) => Some(bytes),
             DirectRead::Bad => None,
             DirectRead::NotDirect => {
@@ -393,7 +403,7 @@ impl CacheStore {
         let no = {
             let mut inner = lock(&self.inner);
             let e = inner.entries.get_mut(id as usize)?.as_mut()?;
-            if !e.own_file || !e.complete() || !e.verified || e.own_no == 0 {
+            if !e.own_file || !e.complete() || !e.verified || e.own_no == 0 || e.whole {
                 return None;
             }
             e.pins += 1;
@@ -425,82 +435,12 @@ impl CacheStore {
         }
     }
 
-    /// Verifies every stored block of entry `id` against its checksum, dropping bad ones;
-    /// true if the entry is complete and intact (then passthrough may serve it). Meant for a
-    /// background thread: it reads the whole entry. An entry verified already is not read
-    /// again; one another caller is verifying right now is skipped (false).
-    pub fn verify(&self, id: EntryId) -> bool {
-        match self.begin_verify(id) {
-            Verify::Done(ok) => ok,
-            Verify::Busy => false,
-            Verify::Go(locs) => {
-                let ok = locs.iter().all(|&(slot, _)| self.read(id, slot).is_some());
-                self.end_verify(id, ok)
-            }
-        }
-    }
-
-    /// [`verify`](Self::verify), reading the copy through the page cache (never `O_DIRECT`):
-    /// for a reader about to read the same bytes, whose reads then come from memory, so the
-    /// check costs the reader nothing but the checksums. If the background verification is
-    /// reading this copy right now, waits for it (at most [`VERIFY_WAIT`]) instead of reading
-    /// the copy a second time.
-    pub fn verify_for_reader(&self, id: EntryId) -> bool {
-        let deadline = Instant::now() + VERIFY_WAIT;
-        loop {
-            match self.begin_verify(id) {
-                Verify::Done(ok) => return ok,
-                Verify::Busy if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Verify::Busy => return false,
-                Verify::Go(locs) => {
-                    let ok = locs.iter().all(|&(_, loc)| {
-                        self.locate(loc)
-                            .and_then(|(file, off)| scratch::read_verified(&file, off, loc))
-                            .is_some()
-                    });
-                    return self.end_verify(id, ok);
-                }
-            }
-        }
-    }
-
-    /// Claims the verification of `id`: done already (and how), under way elsewhere, or the
-    /// blocks to check now (the caller must then call [`Self::end_verify`]).
-    fn begin_verify(&self, id: EntryId) -> Verify {
-        let mut inner = lock(&self.inner);
-        match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
-            Some(e) if e.complete() && e.verified => Verify::Done(true),
-            Some(e) if e.complete() && e.verifying => Verify::Busy,
-            Some(e) if e.complete() => {
-                e.verifying = true;
-                Verify::Go(e.locs())
-            }
-            _ => Verify::Done(false),
-        }
-    }
-
-    /// Ends a verification claimed by [`Self::begin_verify`]: marks the entry verified if all
-    /// its blocks were intact (`ok`) and it is still complete; true then.
-    fn end_verify(&self, id: EntryId, ok: bool) -> bool {
-        let mut inner = lock(&self.inner);
-        match inner.entries.get_mut(id as usize).and_then(Option::as_mut) {
-            Some(e) => {
-                e.verifying = false;
-                e.verified = ok && e.complete();
-                e.verified
-            }
-            None => false,
-        }
-    }
-
     /// Appends the records of changes since the last flush to the cache log. A killed daemon
     /// loses at most what changed since then. The write happens without blocking the cache
     /// (records keep accumulating meanwhile).
     pub fn flush(&self) -> io::Result<()> {
         let _one = lock(&self.flushing);
-        let (file, at, batch) = {
+        let (file, at, batch, trust) = {
             let mut log = lock(&self.log);
             if log.pending.is_empty() {
                 return Ok(());
@@ -508,9 +448,16 @@ impl CacheStore {
             let batch = std::mem::take(&mut log.pending);
             let at = log.len;
             log.len += batch.len() as u64;
-            (log.file.try_clone()?, at, batch)
+            let trust = std::mem::take(&mut log.trust_pending);
+            (log.file.try_clone()?, at, batch, trust)
         };
-        match file.write_all_at(&batch, at) {
+        // A `Trusted` record vouches for a copy's bytes: they reach the disk first (trust.rs).
+        let synced = if trust {
+            rustix::fs::syncfs(self.filedir.fd()).map_err(io::Error::from)
+        } else {
+            Ok(())
+        };
+        match synced.and_then(|()| file.write_all_at(&batch, at)) {
             Ok(()) => Ok(()),
             Err(e) => {
                 // A torn tail would hide every later record at replay: cut it off and put the
@@ -521,6 +468,7 @@ impl CacheStore {
                 pending.append(&mut log.pending);
                 log.pending = pending;
                 log.len = at;
+                log.trust_pending |= trust;
                 Err(e)
             }
         }

@@ -361,7 +361,14 @@ impl CacheStore {
         let file = self.own_file(no, fresh, true)?;
         // The whole copy at once, where the cache has room for it now (the capacity counts
         // blocks as they are stored; this keeps the disk from holding much more than that).
-        if fresh && inner.evict.used().saturating_add(whole) <= inner.evict.capacity() {
+        let small = inner
+            .entries
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.whole);
+        // Not for a small copy: its one block is allocated as it is written, and a 1 MiB
+        // allocation past the end of a 100 KB file would stay allocated.
+        if fresh && !small && inner.evict.used().saturating_add(whole) <= inner.evict.capacity() {
             preallocate(&file, whole);
         }
         Ok((file, OWN_FILE | no, u64::from(slot) * BLOCK_SIZE))
@@ -451,8 +458,25 @@ impl CacheStore {
         inner.full.capped_at = (cap < inner.full.configured).then(Instant::now);
     }
 
-    /// Releases a block's disk space and unlists it (the eviction index is the caller's).
+    /// Releases a block's disk space and unlists it (the eviction index is the caller's). A
+    /// small copy goes whole: all its blocks are dropped and the file unlinked, never punched,
+    /// so a descriptor already open on it (a direct reader's) keeps reading every byte.
     pub(super) fn drop_block(&self, inner: &mut Inner, id: EntryId, slot: u32, corrupt: bool) {
+        let Some(e) = inner.entries.get(id as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        if e.whole {
+            for (s, _) in e.locs() {
+                if s != slot {
+                    inner.evict.remove(super::eviction::lru_key(id, s));
+                    self.drop_one(inner, id, s, false);
+                }
+            }
+        }
+        self.drop_one(inner, id, slot, corrupt);
+    }
+
+    fn drop_one(&self, inner: &mut Inner, id: EntryId, slot: u32, corrupt: bool) {
         let Some(e) = inner.entries.get_mut(id as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -460,10 +484,13 @@ impl CacheStore {
             return;
         };
         let was_complete = e.complete() && e.kind == KeyKind::Raw;
+        let was_trusted = e.verified;
         e.set_loc(slot, ABSENT);
         e.present -= 1;
         e.verified = false;
-        let empty_own = e.own_file && e.present == 0 && e.pins == 0;
+        e.trust_ino = 0;
+        let owner = e.owner;
+        let empty_own = e.own_file && e.present == 0 && (e.pins == 0 || e.whole);
         let own_no = e.own_no;
         if was_complete {
             self.stats.files_staged.fetch_sub(1, Relaxed);
@@ -472,7 +499,11 @@ impl CacheStore {
             self.stats.blocks_evicted.fetch_add(1, Relaxed);
         }
         append(&self.log, &Record::DropBlock { id, slot });
+        if was_trusted {
+            self.tell(&super::TrustEvent::Untrusted(id, owner));
+        }
         let space = aligned(u64::from(loc.len));
+        let whole = e.whole;
         if empty_own {
             lock(&self.own_files).pop(&own_no);
             lock(&self.direct_files).pop(&own_no);
@@ -482,8 +513,11 @@ impl CacheStore {
             }
             return;
         }
-        if let Some((file, off)) = self.locate(loc) {
-            punch_hole(&file, off, space);
+        // A small copy is never punched: its last block's drop unlinks it (drop_block).
+        if !whole {
+            if let Some((file, off)) = self.locate(loc) {
+                punch_hole(&file, off, space);
+            }
         }
         self.release_space(inner, loc.seg, space);
     }

@@ -9,6 +9,15 @@
 //! give blocks of 10 rows, not 64 Ki rows and a 52 GB reservation). The header is counted
 //! (quote-aware, stopping at the limit) before anything is built per column, and a file of
 //! more than [`super::MAX_COLUMNS`] columns is refused with a message saying what to do.
+//!
+//! Long fields: blocks are cut by bytes too. A block's text is held whole twice (by the
+//! indexing decoder until the block is flushed, and by a block read, which reads its byte
+//! range and decodes it), so 64 Ki records of a 1 MiB text field would be 64 GiB each time.
+//! A block of more than one record may span at most [`MAX_BLOCK_BYTES`]; when one grows past
+//! that, indexing starts again with blocks of fewer records (at most a sixteenth as many, and
+//! no more than the block held when it overflowed), down to blocks of one record, which
+//! [`MAX_RECORD_BYTES`] bounds (a field is part of a record, so that is also the per-field
+//! bound). Indexing a file of long fields therefore reads it at most five times.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -47,6 +56,11 @@ const READ_BYTES: usize = 4 << 20;
 /// reported corrupt (EIO for its views) instead of growing the daemon's memory.
 pub const MAX_RECORD_BYTES: u64 = 64 << 20;
 
+/// Most bytes of text in a block of more than one record: 64 MiB, so a block read allocates at
+/// most this (plus one 4 MiB read of indexing past it) whatever the fields' lengths; honest
+/// numeric tables never come near it (64 Ki rows of 16 numbers are ~10 MiB of text).
+pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
+
 struct CsvBlocks {
     src: Arc<dyn ByteSource>,
     rel: PathBuf,
@@ -55,6 +69,8 @@ struct CsvBlocks {
     ranges: Vec<(u64, u64)>,
     /// Rows of each block.
     rows: Vec<usize>,
+    /// Records per block (the last one may hold fewer).
+    block_rows: usize,
     /// The columns that have views (numeric and boolean), increasing: a block is decoded for
     /// all of them at once and kept ([`DecodedBlock`]), since parsing a CSV block costs its
     /// whole text whichever columns are wanted.
@@ -163,12 +179,7 @@ impl BlockReader for CsvBlocks {
 
     fn read_block(&self, b: usize, cols: &[usize]) -> Result<Vec<ArrayRef>, String> {
         match catch_unwind(AssertUnwindSafe(|| self.read_cached(b, cols))) {
-            Ok(r) => r.map_err(|e| {
-                format!(
-                    "block {b} (blocks of {} rows): {e}",
-                    block_rows(self.schema.fields().len())
-                )
-            }),
+            Ok(r) => r.map_err(|e| format!("block {b} (blocks of {} rows): {e}", self.block_rows)),
             Err(_) => Err(format!("CSV decoder panicked on block {b}")),
         }
     }
@@ -292,9 +303,77 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
         }
     }
 
+    let mut per_block = block_rows(schema.fields().len());
+    let (nulls, ranges, rows, starts) = loop {
+        match index(
+            src.as_ref(),
+            rel,
+            &schema,
+            data_start,
+            len,
+            per_block,
+            &mut buf,
+        )? {
+            Indexed::Done(ix) => break ix,
+            Indexed::TooLong { records } => {
+                // At most a sixteenth as many records, and no more than fitted: at most five
+                // passes from 64 Ki records per block down to one.
+                per_block = (per_block / 16).min(records).max(1);
+            }
+        }
+    };
+    let columns: Vec<ColumnPlan> = schema
+        .fields()
+        .iter()
+        .zip(&nulls)
+        .map(|(f, &n)| ColumnPlan::new(f.name().clone(), f.data_type().clone(), n))
+        .collect();
+    let viewed = (0..columns.len())
+        .filter(|&i| columns[i].dtype.is_some())
+        .collect();
+    let blocks = CsvBlocks {
+        src,
+        rel: rel.to_path_buf(),
+        schema,
+        ranges,
+        rows,
+        block_rows: per_block,
+        viewed,
+        last: Mutex::new(VecDeque::new()),
+    };
+    Ok((columns, starts, Box::new(blocks)))
+}
+
+/// What one indexing pass found: per column its nulls, each block's byte range and rows, and
+/// the first row of each block (with the total at the end).
+type Index = (Vec<u64>, Vec<(u64, u64)>, Vec<usize>, Vec<u64>);
+
+/// How an indexing pass ended.
+enum Indexed {
+    /// Every record indexed.
+    Done(Index),
+    /// A block of several records ran past [`MAX_BLOCK_BYTES`] after `records` of them.
+    TooLong {
+        /// Records the overlong block had completed.
+        records: usize,
+    },
+}
+
+/// Indexes the records from `data_start` in blocks of `per_block` records (see the module
+/// docs), reading through `buf`.
+fn index(
+    src: &dyn ByteSource,
+    rel: &Path,
+    schema: &SchemaRef,
+    data_start: u64,
+    len: u64,
+    per_block: usize,
+    buf: &mut [u8],
+) -> Result<Indexed, ViewError> {
+    let bad = |e: String| ViewError::corrupt(rel, e);
     let mut dec = ReaderBuilder::new(schema.clone())
         .with_header(false)
-        .with_batch_size(block_rows(schema.fields().len()))
+        .with_batch_size(per_block)
         .build_decoder();
     let mut nulls = vec![0u64; schema.fields().len()];
     let mut ranges = Vec::new();
@@ -308,7 +387,7 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
     let mut file_pos = data_start;
     loop {
         if pos == filled && file_pos < len {
-            filled = src.read_at(rel, file_pos, &mut buf)?;
+            filled = src.read_at(rel, file_pos, buf)?;
             file_pos += filled as u64;
             pos = 0;
         }
@@ -327,6 +406,12 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
                  opening a field that never closes?)",
                 MAX_RECORD_BYTES >> 20
             )));
+        }
+        // A block of several records past its byte bound: index again with smaller blocks.
+        if per_block > 1 && consumed - block_start > MAX_BLOCK_BYTES {
+            return Ok(Indexed::TooLong {
+                records: per_block - dec.capacity(),
+            });
         }
         let at_end = input.is_empty();
         if dec.capacity() == 0 || at_end {
@@ -347,23 +432,5 @@ fn open_inner(src: Arc<dyn ByteSource>, rel: &Path) -> Result<Opened, ViewError>
             }
         }
     }
-    let columns: Vec<ColumnPlan> = schema
-        .fields()
-        .iter()
-        .zip(&nulls)
-        .map(|(f, &n)| ColumnPlan::new(f.name().clone(), f.data_type().clone(), n))
-        .collect();
-    let viewed = (0..columns.len())
-        .filter(|&i| columns[i].dtype.is_some())
-        .collect();
-    let blocks = CsvBlocks {
-        src,
-        rel: rel.to_path_buf(),
-        schema,
-        ranges,
-        rows,
-        viewed,
-        last: Mutex::new(VecDeque::new()),
-    };
-    Ok((columns, starts, Box::new(blocks)))
+    Ok(Indexed::Done((nulls, ranges, rows, starts)))
 }

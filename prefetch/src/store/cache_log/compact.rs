@@ -66,6 +66,17 @@ impl CacheStore {
             record::encode(&Record::Block { id, slot, loc }, &mut out);
             evict.insert(lru_key(id, slot), aligned(u64::from(loc.len)));
         }
+        // After the blocks: a `Trusted` record applies to a complete entry.
+        for (id, e) in entries.iter().enumerate() {
+            if let Some(e) = e.as_ref().filter(|e| e.trust_ino != 0 && e.complete()) {
+                let rec = Record::Trusted {
+                    id: id as EntryId,
+                    ino: e.trust_ino,
+                    ctime_ns: e.trust_ctime,
+                };
+                record::encode(&rec, &mut out);
+            }
+        }
         let (mut f, tmp) = self.dir.create_temp(LOG_FILE)?;
         let written = f.write_all(&out).and_then(|_| f.sync_data());
         if let Err(e) = written {

@@ -61,6 +61,9 @@ pub(super) struct Log {
     /// Bytes of records that no longer describe anything (dropped blocks and entries, and the
     /// records that dropped them): when they are most of the log, it is rewritten.
     pub(super) garbage: u64,
+    /// `pending` holds a `Trusted` record: the next flush makes scratch durable first, so a
+    /// record never outlives the bytes it vouches for (a crashed node's writeback).
+    pub(super) trust_pending: bool,
 }
 
 /// Appends one record to the pending log buffer (and counts it as live data).
@@ -75,7 +78,12 @@ pub(super) fn append(log: &Mutex<Log>, rec: &Record<'_>) {
         Record::DropBlock { .. } => own + BLOCK_REC,
         Record::DropEntry { .. } => own + ENTRY_REC,
         Record::Bind { .. } => own,
+        Record::Trusted { .. } => 0,
     };
+    // Written only once scratch holds the copy's bytes (`flush` syncs first).
+    if matches!(rec, Record::Trusted { .. }) {
+        log.trust_pending = true;
+    }
 }
 
 /// Opens the cache log (creating it with an empty header); returns it and its length.

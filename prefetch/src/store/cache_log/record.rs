@@ -10,7 +10,9 @@ use crate::source::Version;
 pub const MAGIC: &[u8; 12] = b"STAGEFS-IDX\0";
 /// Bumped when the record layout changes; a log of another version is discarded.
 /// 3: entry records carry the source's ctime (part of [`Version`]).
-pub const LOG_VERSION: u32 = 3;
+/// 4: every source file is an exact copy of its own (small ones too, so they can be handed
+/// out direct); `Trusted` records keep a verification across mounts.
+pub const LOG_VERSION: u32 = 4;
 /// Header: magic, version, snapshot id (16 bytes).
 pub const HEADER_LEN: usize = 12 + 4 + 16;
 /// Longest key accepted (a path beneath the source: Linux's PATH_MAX).
@@ -21,6 +23,7 @@ const TAG_BLOCK: u8 = 2;
 const TAG_DROP_BLOCK: u8 = 3;
 const TAG_DROP_ENTRY: u8 = 4;
 const TAG_BIND: u8 = 5;
+const TAG_TRUSTED: u8 = 6;
 
 /// An entry's id: dense, stable for the life of a mount.
 pub type EntryId = u32;
@@ -104,6 +107,17 @@ pub enum Record<'a> {
         /// New owner.
         owner: u32,
     },
+    /// An entry's copy was verified whole, and this identifies the copy as verified: a later
+    /// mount that finds the same inode with the same change time trusts it without reading
+    /// it again (any write, truncation, hole punched or replacement changes one of them).
+    Trusted {
+        /// Entry.
+        id: EntryId,
+        /// The copy's inode.
+        ino: u64,
+        /// The copy's change time (ns since the epoch).
+        ctime_ns: i64,
+    },
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -161,6 +175,12 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             out.push(TAG_BIND);
             put_u32(out, *id);
             put_u32(out, *owner);
+        }
+        Record::Trusted { id, ino, ctime_ns } => {
+            out.push(TAG_TRUSTED);
+            put_u32(out, *id);
+            put_u64(out, *ino);
+            put_u64(out, *ctime_ns as u64);
         }
     }
     let body_len = out.len() - start - 2;
@@ -265,6 +285,11 @@ pub fn decode(buf: &[u8]) -> Option<(Record<'_>, usize)> {
             id: r.u32()?,
             owner: r.u32()?,
         },
+        TAG_TRUSTED => Record::Trusted {
+            id: r.u32()?,
+            ino: r.u64()?,
+            ctime_ns: r.u64()? as i64,
+        },
         _ => return None,
     };
     if !r.b.is_empty() {
@@ -327,6 +352,11 @@ mod tests {
             Record::DropBlock { id: 7, slot: 2 },
             Record::DropEntry { id: 7 },
             Record::Bind { id: 1, owner: 2 },
+            Record::Trusted {
+                id: 7,
+                ino: 12345,
+                ctime_ns: -3,
+            },
         ]
     }
 

@@ -237,9 +237,14 @@ impl CacheStore {
                 {
                     return Applied::Contradiction;
                 }
-                inner
-                    .entries
-                    .push(Some(Entry::new(at, r.kind, r.own_file, r.owner, r.slots)));
+                inner.entries.push(Some(Entry::new(
+                    at,
+                    r.kind,
+                    r.own_file,
+                    r.owner,
+                    r.slots,
+                    r.version.mtime_ns,
+                )));
                 keys.push(r.kind, r.key, r.version);
                 Applied::Ok
             }
@@ -280,6 +285,7 @@ impl CacheStore {
                     e.present -= 1;
                     e.set_loc(*slot, ABSENT);
                 }
+                e.trust_ino = 0;
                 Applied::Ok
             }
             Record::DropEntry { id } => {
@@ -295,6 +301,19 @@ impl CacheStore {
                     return ok(false);
                 };
                 e.owner = *owner;
+                Applied::Ok
+            }
+            Record::Trusted { id, ino, ctime_ns } => {
+                let Some(Some(e)) = inner.entries.get_mut(*id as usize) else {
+                    return ok(false);
+                };
+                // Only a whole copy's verification means anything; the remount checks the
+                // identity against the copy itself before trusting it.
+                if !e.own_file || !e.complete() || *ino == 0 {
+                    return Applied::Skipped;
+                }
+                e.trust_ino = *ino;
+                e.trust_ctime = *ctime_ns;
                 Applied::Ok
             }
         }
