@@ -24,6 +24,9 @@ enum Command {
     /// Write SOURCE's metadata snapshot to a file, so that `mount --index FILE` lists nothing.
     Index(cli::index::Args),
     /// Unmount a stagefs mount cleanly (also clears the mount of a killed daemon).
+    ///
+    /// Returns once the daemon has written its cache log and exited, so the next mount of the
+    /// same cache can start at once (it says what it waits for after a few seconds).
     Umount(cli::mount::UmountArgs),
     /// Show a mount's cache statistics: is the job waiting on storage?
     Stat(cli::stat::Args),

@@ -1,5 +1,6 @@
 # Sourced by tests/slurm_e2e.sh and tests/slurm_multinode.sh: their TAP-style checks. T is the
-# test's temporary directory (job outputs in $T/jobs, the private cluster's logs in $T/slurm).
+# test's temporary directory (job outputs in $T/jobs); the private cluster's logs are in
+# $CLUSTER/log ($T/slurm unless the test says).
 PASSED=0
 FAILED=0
 
@@ -10,8 +11,8 @@ not_ok() {
   echo "not ok - $*"
   FAILED=$((FAILED + 1))
   echo "--- job outputs:"; tail -n 40 "$T"/jobs/*.out 2>/dev/null
-  echo "--- slurmctld:"; tail -n 15 "$T/slurm/log/slurmctld.log" 2>/dev/null
-  echo "--- slurmd:"; tail -n 15 "$T/slurm/log/slurmd.log" 2>/dev/null
+  echo "--- slurmctld:"; tail -n 15 "${CLUSTER:-$T/slurm}/log/slurmctld.log" 2>/dev/null
+  echo "--- slurmd:"; tail -n 15 "${CLUSTER:-$T/slurm}"/log/slurmd*.log 2>/dev/null
 }
 
 check() { # check DESCRIPTION COMMAND...

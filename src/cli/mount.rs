@@ -579,7 +579,22 @@ fn daemon_pid(mountpoint: &Path) -> Option<u64> {
     }
 }
 
-/// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache log.
+/// How long `stagefs umount` waits for the daemon to write its cache log and exit. The log of
+/// a mount of 200,000 files and the `syncfs` of a scratch that other jobs are writing to took
+/// over 30 s (the bound before) on a loaded 2-core machine; until the daemon exits the cache
+/// stays locked and the next mount of it is refused, so `umount` waits for as long as a
+/// stuck-but-alive daemon could reasonably need.
+const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(600);
+
+/// After this long `stagefs umount` says what it is waiting for (and again every
+/// [`SAY_AGAIN`]), so a job's log shows why its last step takes time.
+const SAY_WAITING: Duration = Duration::from_secs(3);
+/// See [`SAY_WAITING`].
+const SAY_AGAIN: Duration = Duration::from_secs(30);
+
+/// Runs `stagefs umount`: unmounts, then waits for the daemon to write its cache log and exit,
+/// so the next mount of the same cache (the next job of a chain) finds it free. Exit status 1
+/// if the daemon is still running after [`DAEMON_EXIT_WAIT`].
 pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
     if !is_mountpoint(&args.mountpoint) {
         bail!("{} is not mounted", args.mountpoint.display());
@@ -587,21 +602,56 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<i32> {
     let pid = daemon_pid(&args.mountpoint);
     // A mount that did not answer still has our stats read open: a plain unmount would be EBUSY.
     unmount_path(&args.mountpoint, args.lazy || pid.is_none())?;
-    if let Some(pid) = pid {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // Signal 0 only checks that the process exists. A pid that is no process id (0, or
-        // past i32) is not waited for.
-        let pid = i32::try_from(pid)
-            .ok()
-            .filter(|&p| p > 0)
-            .and_then(Pid::from_raw);
-        while pid.is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
-            && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    // Signal 0 only checks that the process exists. A pid that is no process id (0, or past
+    // i32) is not waited for.
+    let Some(pid) = pid
+        .and_then(|p| i32::try_from(p).ok())
+        .and_then(Pid::from_raw)
+    else {
+        return Ok(0);
+    };
+    let mnt = args.mountpoint.display();
+    let say = |waited: Duration| {
+        eprintln!(
+            "stagefs umount: {mnt} is unmounted; waiting for its daemon (pid {}) to write the cache log and exit ({} s so far): the cache stays locked until it does",
+            pid.as_raw_nonzero(),
+            waited.as_secs()
+        )
+    };
+    if wait_for_exit(pid, DAEMON_EXIT_WAIT, SAY_WAITING, SAY_AGAIN, say) {
+        return Ok(0);
     }
-    Ok(0)
+    eprintln!(
+        "stagefs umount: the daemon of {mnt} (pid {}) is still running after {} s; its cache stays locked (see CACHE/stagefs.log; `kill {0}` frees it, and the next mount replays the cache log)",
+        pid.as_raw_nonzero(),
+        DAEMON_EXIT_WAIT.as_secs()
+    );
+    Ok(1)
+}
+
+/// Waits until process `pid` is gone or `limit` has passed (true if gone), calling `say` with
+/// the time waited once `first` has passed and every `again` after.
+fn wait_for_exit(
+    pid: Pid,
+    limit: Duration,
+    first: Duration,
+    again: Duration,
+    mut say: impl FnMut(Duration),
+) -> bool {
+    let start = Instant::now();
+    let mut next_say = first;
+    while rustix::process::test_kill_process(pid).is_ok() {
+        let waited = start.elapsed();
+        if waited >= limit {
+            return false;
+        }
+        if waited >= next_say {
+            say(waited);
+            next_say = waited + again;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 #[cfg(test)]
@@ -630,6 +680,48 @@ mod tests {
             format!("{:?}", mount_options(&cli.args)),
             format!("{:?}", MountOptions::default())
         );
+    }
+
+    /// Regression: `umount` gave up on the daemon after 30 s and returned 0 while it was still
+    /// writing its cache log, so the next mount of the cache was refused "in use by another
+    /// mount" (tests/scale.rs, 200,000 files, on a loaded machine). It waits for the exit now
+    /// and says so while it waits. A child reaped by a thread of its own stands for the daemon
+    /// (an unreaped one would linger as a zombie that signal 0 still finds).
+    #[test]
+    fn umount_waits_for_a_daemon_still_writing_and_says_so() {
+        let mut child = Command::new("sleep").arg("0.6").spawn().unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        let reaper = std::thread::spawn(move || child.wait());
+        let mut said = Vec::new();
+        let start = Instant::now();
+        let gone = wait_for_exit(
+            pid,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            Duration::from_millis(200),
+            |w| said.push(w),
+        );
+        assert!(gone);
+        assert!(start.elapsed() >= Duration::from_millis(500), "returned before the exit");
+        assert!((1..=4).contains(&said.len()), "{said:?}");
+        assert!(said[0] >= Duration::from_millis(100), "{said:?}");
+        reaper.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn umount_gives_up_on_a_daemon_that_never_exits() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        let gone = wait_for_exit(
+            pid,
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            |_| panic!("said before the first mark"),
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!gone);
     }
 
     #[test]
