@@ -47,6 +47,8 @@ env_missing_system_packages() {
   env_have slurmd || missing+=(slurmd)
   env_have sbatch || missing+=(slurm-client)
   env_have munged || missing+=(munge)
+  # ip(8): the network namespaces of tests/slurm_multinode.sh's nodes.
+  env_have ip || missing+=(iproute2)
   # The image views' libjpeg-turbo is built from vendored source by turbojpeg-sys: cmake (else
   # env_venv takes it from PyPI), nasm for its SIMD code (optional: without it the decoder is
   # built without SIMD, see env_notice_nasm).

@@ -85,7 +85,7 @@ use crate::files::is_large;
 use crate::handle::MountHandle;
 use crate::inode::{InodeTable, Virtual};
 use crate::offload::Offload;
-use crate::views::{MountViews, OpenView};
+use crate::views::{MountViews, OpenView, Views};
 use stagefs_prefetch::locks::lock;
 
 /// Lines waiting for the worker.
@@ -253,8 +253,8 @@ impl HintService {
         let mut parts = rel.components();
         let first = parts.next().map(|c| c.as_os_str());
         if first == Some(std::ffi::OsStr::new(VIEW_DIR)) {
-            if h.scope.is_some() {
-                return Ok(0); // Views are rendered on demand: there is no part to stage.
+            if let Some(generation) = h.scope {
+                return self.scope_view(h, generation, parts.as_path());
             }
             return self.hint_view(h, parts.as_path(), on);
         }
@@ -355,7 +355,8 @@ impl HintService {
         !lock(&self.pending).queue.is_empty()
     }
 
-    fn hint_view(&self, h: &Hint, rel: &Path, on: &Renderer) -> Result<u64, Rejected> {
+    /// The view at `rel` (under the view directory), opened once and kept among the open ones.
+    fn view(&self, h: &Hint, rel: &Path) -> Result<(Arc<Views>, Arc<OpenView>), Rejected> {
         let unknown = || Rejected::Unknown(h.path.clone());
         let views = self.views.get().map_err(|_| unknown())?;
         let known = lock(&self.open_views).get(rel).cloned();
@@ -371,6 +372,39 @@ impl HintService {
                 v
             }
         };
+        Ok((views, v))
+    }
+
+    /// A node's part of a view: the source files its declared rows are rendered from (an image
+    /// view's JPEGs) join the node's scope whole, so the part's stager fetches them before the
+    /// loaders read those rows (views themselves are rendered on demand, never staged).
+    fn scope_view(&self, h: &Hint, generation: u64, rel: &Path) -> Result<u64, Rejected> {
+        let (_, v) = self.view(h, rel)?;
+        let total = check_ranges(h, v.len())?;
+        let snap = self.mount.snapshot_ref();
+        let files = self.mount.files();
+        let mut started = false;
+        for &(offset, len) in &h.ranges {
+            v.sources(offset..offset.saturating_add(len), &mut |src| {
+                // A sample the snapshot does not hold (gone since) is read, and reported, by
+                // the render as usual.
+                let Some(node) = snap.resolve(src).ok().flatten() else {
+                    return;
+                };
+                if let Some(attr) = snap.attr(node).filter(|a| a.kind == FileKind::File) {
+                    started |= files.scope().add(node, generation, &[(0, attr.size)]);
+                }
+            });
+        }
+        if started {
+            // As for a file's part: the tree stager's queued blocks may lie outside it.
+            files.fetcher().drop_staging();
+        }
+        Ok(total)
+    }
+
+    fn hint_view(&self, h: &Hint, rel: &Path, on: &Renderer) -> Result<u64, Rejected> {
+        let (views, v) = self.view(h, rel)?;
         let total = check_ranges(h, v.len())?;
         let ino = self.inodes.ino(Virtual::ViewFile(rel.to_path_buf()));
         // Whole pages, so the kernel keeps every page pushed (the last may end the file), in

@@ -228,6 +228,11 @@ impl OpenView {
     pub fn is_empty(&self) -> bool {
         self.units.len == 0
     }
+
+    /// The source files rendering `range` reads ([`View::sources`]).
+    pub fn sources(&self, range: std::ops::Range<u64>, each: &mut dyn FnMut(&Path)) {
+        self.view.sources(range, each);
+    }
 }
 
 /// A mount's views, prepared on first use and shared by the request path and the read-order

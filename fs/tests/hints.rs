@@ -337,3 +337,41 @@ fn a_declared_part_bounds_read_ahead_and_is_all_that_hinted_staging_stages() {
     );
     assert_eq!(c.stats().hints_rejected.load(Relaxed), 0);
 }
+
+/// An image view's declared part is staged from the source: the rows a node's loaders will
+/// read name JPEGs, and those files (whole), not the other class's, are what a hinted mount
+/// stages (before, a view's scope line was accepted and staged nothing: the node's first
+/// epoch read every image from the source on demand).
+#[test]
+fn a_declared_part_of_an_image_view_stages_its_source_images() {
+    let (_t, src, cache) = setup();
+    let mut sizes = Vec::new();
+    for class in ["c0", "c1"] {
+        fs::create_dir_all(src.join("imgs").join(class)).unwrap();
+        for i in 0..10 {
+            // Staging reads bytes; they need not decode.
+            let bytes = pattern(i, 20_000 + 1000 * i as usize);
+            sizes.push(bytes.len() as u64);
+            fs::write(src.join(format!("imgs/{class}/{i}.jpg")), bytes).unwrap();
+        }
+    }
+    let mut cfg = config(&src, &cache);
+    cfg.stage = true;
+    cfg.stage_hinted = true;
+    let slot = u64::from(cfg.image_size).pow(2) * 3;
+    let header = stagefs_views::image::images_len(20, cfg.image_size) - 20 * slot;
+    let (c, _) = mount(cfg);
+    assert_eq!(source_read(&c), 0);
+    // Rows 0..10 are class c0's images (ImageFolder order).
+    let line = format!(
+        r#"{{"path": ".npy/imgs/images.npy", "scope": 1, "ranges": [[{header}, {}]]}}"#,
+        10 * slot
+    );
+    assert_eq!(c.hint(line.as_bytes()), Ok(10 * slot));
+    let part: u64 = sizes[..10].iter().sum();
+    until("the part's images staged", || {
+        c.stats().source_bytes_read.load(Relaxed) >= part
+    });
+    assert_eq!(source_read(&c), part, "staged exactly class c0's files");
+    assert_eq!(c.stats().hints_rejected.load(Relaxed), 0);
+}

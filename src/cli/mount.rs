@@ -702,7 +702,10 @@ mod tests {
             |w| said.push(w),
         );
         assert!(gone);
-        assert!(start.elapsed() >= Duration::from_millis(500), "returned before the exit");
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "returned before the exit"
+        );
         assert!((1..=4).contains(&said.len()), "{said:?}");
         assert!(said[0] >= Duration::from_millis(100), "{said:?}");
         reaper.join().unwrap().unwrap();

@@ -36,6 +36,11 @@ pub trait View: Send + Sync {
         let start = offset - offset % DEFAULT_RENDER_UNIT;
         start..(start + DEFAULT_RENDER_UNIT).min(len)
     }
+    /// Calls `each` with every source file (relative to the source root) that rendering the
+    /// bytes in `range` reads, each read whole, so a node's declared part of a view can be
+    /// staged from the source before it is read. Default: none (a table's view reads parts of
+    /// one file, which is staged with the tree).
+    fn sources(&self, _range: Range<u64>, _each: &mut dyn FnMut(&Path)) {}
     /// True for a zero-length view.
     fn is_empty(&self) -> bool {
         self.len() == 0

@@ -208,6 +208,22 @@ impl View for ImagesView {
         let start = h + slot * self.slot_bytes;
         start..start + self.slot_bytes
     }
+
+    fn sources(&self, range: Range<u64>, each: &mut dyn FnMut(&Path)) {
+        let h = self.header.len() as u64;
+        if range.end <= h || self.slot_bytes == 0 {
+            return;
+        }
+        let first = range.start.saturating_sub(h) / self.slot_bytes;
+        let end = (range.end - h)
+            .div_ceil(self.slot_bytes)
+            .min(self.folder.samples.len() as u64);
+        for i in first..end {
+            if let Some(path) = self.source_path(i) {
+                each(&path);
+            }
+        }
+    }
 }
 
 /// The small files of an image folder: `labels.npy`, `classes.txt`, `files.txt`; None for other
