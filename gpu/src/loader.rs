@@ -530,19 +530,23 @@ impl<D: Device> Loader<D> {
             })
             .collect();
         let hinter = self.hints.clone().filter(|h| !h.is_off());
-        // A node partition: this node's part of the epoch is what its mount stages. Not the
-        // next epoch's as well: a loader cannot tell a job's last epoch, and there the next
-        // epoch's exchanged chunks would be read for nobody (q of every part; even a few
-        // hinted batches of a shuffled order touch most of its blocks).
+        // A node partition: this node's part of the epoch is what its mount stages, and from
+        // the middle of the epoch the next epoch's part as well (sent under this epoch's
+        // generation, which adds to the part rather than replacing it), so the chunks the
+        // next epoch exchanges in are staged before its readers ask. Its cost: after a job's
+        // last epoch, those chunks (`exchange` of the part) were read for nobody, once per job.
+        let mut ahead_scope = None;
         if let (Some(h), Some(p)) = (&hinter, &self.config.partition) {
             let c = &self.config;
             let nodes = c.world_size / p.local_world_size;
             let o = p.order(self.rows, c.shuffle, c.seed);
             let node = c.rank / p.local_world_size;
-            h.send_scope(
-                epoch,
-                &crate::partition::node_ranges(&o, epoch, nodes, node),
-            );
+            let now = crate::partition::node_ranges(&o, epoch, nodes, node);
+            h.send_scope(epoch, &now);
+            let next = crate::partition::node_ranges(&o, epoch + 1, nodes, node);
+            if next != now {
+                ahead_scope = Some(next);
+            }
         }
         if hinter.is_some() || !advised.is_empty() {
             let hinted = hinter.iter().flat_map(|h| h.sources());
@@ -553,6 +557,7 @@ impl<D: Device> Loader<D> {
             let ahead = crate::hints::batches_ahead(batch_size.saturating_mul(row_bytes));
             let Watch {
                 dispatched,
+                dispatch_tick,
                 cancel,
                 stop,
             } = epoch_state.run.watch();
@@ -562,13 +567,22 @@ impl<D: Device> Loader<D> {
                     for seq in 0..batches {
                         // Hints run `ahead` batches beyond the last one handed to a reader.
                         while seq >= dispatched.load(Ordering::Relaxed) + ahead {
-                            match stop.recv_timeout(Duration::from_millis(2)) {
-                                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                                _ => return,
+                            crossbeam_channel::select! {
+                                recv(dispatch_tick) -> tick => if tick.is_err()
+                                    && seq >= dispatched.load(Ordering::Relaxed) + ahead
+                                {
+                                    return; // The dispatcher is done: no batch comes.
+                                },
+                                recv(stop) -> _ => return,
                             }
                         }
                         if cancel.load(Ordering::Relaxed) {
                             return;
+                        }
+                        if seq == batches / 2 {
+                            if let (Some(h), Some(next)) = (&hinter, ahead_scope.take()) {
+                                h.send_scope(epoch, &next);
+                            }
                         }
                         let (a, b) = batch_range(seq, batch_size, order.len());
                         for (file, offset, row_bytes) in &advised {

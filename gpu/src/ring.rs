@@ -203,6 +203,9 @@ enum Msg {
 pub(crate) struct Watch {
     /// Jobs handed to readers so far.
     pub(crate) dispatched: Arc<AtomicU64>,
+    /// Holds a message after `dispatched` moved (at most one waits), disconnected once the
+    /// dispatcher is done: a watcher blocks on it instead of polling `dispatched`.
+    pub(crate) dispatch_tick: Receiver<()>,
     /// Set once the run is cancelled or over.
     pub(crate) cancel: Arc<AtomicBool>,
     /// Disconnected once the run stops.
@@ -215,6 +218,9 @@ pub(crate) struct Run<F: Fill> {
     jobs: u64,
     cancel: Arc<AtomicBool>,
     dispatched: Arc<AtomicU64>,
+    /// Moved to the dispatcher by [`Run::start`] (see [`Watch::dispatch_tick`]).
+    tick_tx: Option<Sender<()>>,
+    tick_rx: Receiver<()>,
     /// Dropped to wake a dispatcher waiting for a free slot.
     stop_tx: Option<Sender<()>>,
     stop_rx: Receiver<()>,
@@ -247,11 +253,14 @@ impl<F: Fill> Run<F> {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (job_tx, job_rx) = bounded::<Job>(slots);
         let (msg_tx, rx) = unbounded::<Msg>();
+        let (tick_tx, tick_rx) = bounded::<()>(1);
         Run {
             fill,
             jobs,
             cancel: Arc::new(AtomicBool::new(false)),
             dispatched: Arc::new(AtomicU64::new(0)),
+            tick_tx: Some(tick_tx),
+            tick_rx,
             stop_tx: Some(stop_tx),
             stop_rx,
             job_tx: Some(job_tx),
@@ -284,6 +293,7 @@ impl<F: Fill> Run<F> {
     pub(crate) fn watch(&self) -> Watch {
         Watch {
             dispatched: self.dispatched.clone(),
+            dispatch_tick: self.tick_rx.clone(),
             cancel: self.cancel.clone(),
             stop: self.stop_rx.clone(),
         }
@@ -304,10 +314,15 @@ impl<F: Fill> Run<F> {
             let (fill, cancel, stop_rx) =
                 (self.fill.clone(), self.cancel.clone(), self.stop_rx.clone());
             let (jobs, done) = (self.jobs, self.dispatched.clone());
+            // Dropped with the dispatcher: watchers see the end as a disconnection.
+            let tick = self.tick_tx.take();
             self.threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-dispatch"))
-                    .spawn(move || dispatch(fill.ring(), jobs, &cancel, &stop_rx, &job_tx, &done))
+                    .spawn(move || {
+                        let to = Dispatched { count: &done, tick };
+                        dispatch(fill.ring(), jobs, &cancel, &stop_rx, &job_tx, &to)
+                    })
                     .map_err(spawn_err)?,
             );
         }
@@ -406,6 +421,12 @@ impl<F: Fill> Drop for Run<F> {
     }
 }
 
+/// Where the dispatcher counts the jobs handed out, and tells watchers it did.
+struct Dispatched<'a> {
+    count: &'a AtomicU64,
+    tick: Option<Sender<()>>,
+}
+
 /// Hands jobs `0..jobs` the free slots in order until the end, a cancel or a stop.
 fn dispatch<D: Device>(
     ring: &Ring<D>,
@@ -413,7 +434,7 @@ fn dispatch<D: Device>(
     cancel: &AtomicBool,
     stop_rx: &Receiver<()>,
     job_tx: &Sender<Job>,
-    dispatched: &AtomicU64,
+    dispatched: &Dispatched<'_>,
 ) {
     for seq in 0..jobs {
         if cancel.load(Ordering::Relaxed) {
@@ -431,7 +452,11 @@ fn dispatch<D: Device>(
             ring.release(e.into_inner().slot);
             return;
         }
-        dispatched.store(seq + 1, Ordering::Relaxed);
+        dispatched.count.store(seq + 1, Ordering::Relaxed);
+        if let Some(tick) = &dispatched.tick {
+            // Full: a tick is waiting already, and its watcher reads the count anew.
+            let _ = tick.try_send(());
+        }
     }
 }
 
