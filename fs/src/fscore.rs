@@ -33,7 +33,7 @@ use stagefs_prefetch::{CacheStore, EntryId, FetchConfig, Fetcher, FileKind, Stat
 use stagefs_views::ViewKind;
 use tracing::{info, warn};
 
-use crate::control::{StatsFile, CONTROL_DIR, STATS_FILE, VIEW_DIR};
+use crate::control::{StatsFile, StatsLook, CONTROL_DIR, STATS_FILE, VIEW_DIR};
 use crate::direct::DirectService;
 use crate::error::FsError;
 use crate::files::{is_large, FileState, Files, ReadData};
@@ -498,15 +498,7 @@ impl FsCore {
         match self.node(ino)? {
             Node::Source(id) => Ok(attr_of(ino, &self.node_attr(id)?)),
             Node::Virtual(Virtual::ControlDir) => Ok(self.control_attr(ino, FileKind::Dir, 0)),
-            Node::Virtual(Virtual::Stats) => {
-                let (taken, bytes) = self.stats_view();
-                let mut a = self.control_attr(ino, FileKind::File, bytes.len() as u64);
-                // A new mtime with every new view: with FUSE_AUTO_INVAL_DATA the kernel then
-                // drops the pages it kept of the file (it keeps pages across opens when opens
-                // are skipped), so a read after that sees the new view.
-                a.mtime = taken;
-                Ok(a)
-            }
+            Node::Virtual(Virtual::Stats) => Ok(self.stats_attr(ino, StatsLook::Held)),
             Node::Virtual(Virtual::ViewDir(rel)) if rel.as_os_str().is_empty() => {
                 Ok(self.virtual_attr(ino, FileKind::Dir, 0, None))
             }
@@ -535,7 +527,7 @@ impl FsCore {
                 Ok(attr_of(source_ino(id), &self.node_attr(id)?))
             }
             Node::Virtual(Virtual::ControlDir) if name == STATS_FILE => {
-                self.getattr(self.inodes.ino(Virtual::Stats))
+                Ok(self.stats_attr(self.inodes.ino(Virtual::Stats), StatsLook::Lookup))
             }
             Node::Virtual(Virtual::ControlDir) => Err(FsError::NotFound),
             Node::Virtual(Virtual::Stats | Virtual::ViewFile(_)) => Err(FsError::NotDir),
@@ -769,7 +761,7 @@ impl FsCore {
                 self.files.read(&state, &state.ra, offset, size)
             }
             Node::Virtual(Virtual::Stats) => {
-                let (_, s) = self.stats_view();
+                let (_, s) = self.stats_view(StatsLook::Held);
                 let start = (offset as usize).min(s.len());
                 let end = start.saturating_add(size as usize).min(s.len());
                 Ok(ReadData::Gathered(s[start..end].to_vec()))
@@ -814,9 +806,21 @@ impl FsCore {
     }
 
     /// The stats file as a reader without a handle sees it: one rendering shared by the
-    /// `getattr` that gives its size and the reads that follow ([`StatsFile`]).
-    fn stats_view(&self) -> (SystemTime, Arc<[u8]>) {
-        self.stats_file.view(|| self.stats_json())
+    /// lookup that gives its size and the attribute requests and reads that follow
+    /// ([`StatsFile`]).
+    fn stats_view(&self, look: StatsLook) -> (SystemTime, Arc<[u8]>) {
+        self.stats_file.view(look, || self.stats_json())
+    }
+
+    /// The stats file's attributes, from the rendering `look` gets.
+    fn stats_attr(&self, ino: u64, look: StatsLook) -> Attr {
+        let (taken, bytes) = self.stats_view(look);
+        let mut a = self.control_attr(ino, FileKind::File, bytes.len() as u64);
+        // A new mtime with every new view: with FUSE_AUTO_INVAL_DATA the kernel then drops
+        // the pages it kept of the file (it keeps pages across opens when opens are skipped),
+        // so a read after that sees the new view.
+        a.mtime = taken;
+        a
     }
 
     /// The stats file's contents.
