@@ -175,8 +175,9 @@ if [ "$NODES" -ge 2 ]; then
     mkdir -p "$DIR/spool/node$k"
     chmod 0700 "$DIR/spool/node$k"
     # nsenter, not ip netns exec: that one mounts a /sys of its own, without the cgroup file
-    # system slurmd needs. Private mount propagation, so the scratch mount (and the FUSE mounts of jobs on this node)
-    # stay inside the node. slurmd daemonizes: its jobs inherit these namespaces.
+    # system slurmd needs. Private mount propagation, so the scratch mount (and the FUSE
+    # mounts of this node's jobs) stay inside the node. slurmd daemonizes: its jobs inherit
+    # these namespaces.
     bind=
     if [ -n "${SLURM_NODE_SCRATCH:-}" ]; then
       mkdir -p "$SLURM_NODE_SCRATCH"
@@ -189,14 +190,15 @@ else
   slurmd -f "$SLURM_CONF" -N "$NODE"
 fi
 
+# A node is listed once per partition: count each once.
 idle=0
 for _ in $(seq 120); do
-  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | grep -c ' idle' || true)
+  idle=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | grep -c ' idle' || true)
   [ "$idle" -ge "$NODES" ] && break
   sleep 0.5
 done
 if [ "$idle" -lt "$NODES" ]; then
-  echo "start.sh: $idle of $NODES nodes idle ($(sinfo -h -N -o '%N %T' 2>/dev/null | tr '\n' ' ')); logs in $DIR/log" >&2
+  echo "start.sh: $idle of $NODES nodes idle ($(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | tr '\n' ' ')); logs in $DIR/log" >&2
   tail -n 20 "$DIR"/log/slurm*.log >&2 || true
   exit 1
 fi
