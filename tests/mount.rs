@@ -1190,6 +1190,43 @@ fn regression_umount_right_after_the_last_close_is_not_refused_as_busy() {
     assert!(!mounts.contains(&at), "still mounted: {mounts}");
 }
 
+/// Regression: the daemon's caches of open descriptors (1,088 at full size: source files and
+/// directories, its copies and their direct-read twins) were sized without the descriptor
+/// limit, and every small file is a copy of its own, so under a normal user's soft limit of
+/// 1024 opens failed with EMFILE after some hundreds of files (CI, the unprivileged run).
+/// Under a hard limit of 256, which the daemon cannot raise, 1500 small files read back exact,
+/// cold and warm, and no error is counted.
+fn regression_a_low_descriptor_limit_fails_no_read_with_emfile() {
+    let (tmp, src) = fresh();
+    let n = 1500u64;
+    let len = |i: u64| 2000 + (i as usize * 37) % 3000;
+    for i in 0..n {
+        let d = src.join(format!("d{:02}", i / 100));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(format!("f{i:04}")), pattern(i, len(i))).unwrap();
+    }
+    let m = Mount::under(
+        tmp.path(),
+        &src,
+        &tmp.path().join("cache"),
+        &["--no-passthrough"],
+        &["prlimit", "--nofile=256:256"],
+    );
+    for pass in ["cold", "warm"] {
+        for i in 0..n {
+            let p = m.mnt.join(format!("d{:02}/f{i:04}", i / 100));
+            let got = fs::read(&p).unwrap_or_else(|e| panic!("{pass} {}: {e}", p.display()));
+            assert!(
+                got == pattern(i, len(i)),
+                "{pass}: bytes of {}",
+                p.display()
+            );
+        }
+    }
+    let s = m.stats();
+    assert_eq!(s["error_count"], 0, "{s}");
+}
+
 fn main() -> std::process::ExitCode {
     stagefs_test_support::run(vec![
         test!(mounted_tree_matches_source_cold_and_warm, Need::Fuse),
@@ -1256,6 +1293,10 @@ fn main() -> std::process::ExitCode {
             Need::Fuse
         ),
         test!(two_mounts_on_one_cache_the_second_is_refused, Need::Fuse),
+        test!(
+            regression_a_low_descriptor_limit_fails_no_read_with_emfile,
+            Need::Fuse
+        ),
         test!(
             regression_umount_right_after_the_last_close_is_not_refused_as_busy,
             Need::Fuse

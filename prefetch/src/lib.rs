@@ -15,6 +15,7 @@
 
 pub mod cachedir;
 pub mod error;
+pub mod fds;
 pub mod fetch;
 pub mod hash;
 pub mod locks;

@@ -21,7 +21,6 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
@@ -33,14 +32,8 @@ use lru::LruCache;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use crate::error::SourceError;
+use crate::fds;
 use crate::locks::lock;
-
-/// Open source files kept for reuse: enough for many DataLoader workers' files at once, far
-/// below the descriptor limit the daemon raises itself to.
-const OPEN_FILES: usize = 512;
-/// Open source directories kept for `stat` and `read_dir` relative to them: a listing of a
-/// whole tree touches each directory a few times in a row, then never again.
-const OPEN_DIRS: usize = 64;
 
 /// Type of a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -253,12 +246,12 @@ impl LocalSource {
             ResolveFlags::BENEATH,
         )
         .is_ok();
-        let cap = |n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        // Sized by the descriptor limit (crate::fds).
         Ok(LocalSource {
             root,
             root_fd,
-            files: Mutex::new(LruCache::new(cap(OPEN_FILES))),
-            dirs: Mutex::new(LruCache::new(cap(OPEN_DIRS))),
+            files: Mutex::new(LruCache::new(fds::share(fds::SOURCE_FILES))),
+            dirs: Mutex::new(LruCache::new(fds::share(fds::SOURCE_DIRS))),
             openat2,
         })
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use stagefs_prefetch::store::OPEN_DATA_FILES;
+use stagefs_prefetch::fds::DATA_FILES as OPEN_DATA_FILES;
 use stagefs_prefetch::{
     block_count, block_len, CacheError, CacheStore, KeyKind, Loaded, Stats, StoreConfig, Version,
     BLOCK_SIZE,

@@ -342,6 +342,10 @@ fn daemonize(args: &Args) -> anyhow::Result<i32> {
 fn serve(args: Args) -> anyhow::Result<i32> {
     // Before any thread starts, so that every thread inherits the mask and only sigwait sees them.
     let signals = block_signals()?;
+    // A normal user's soft limit is often 1024: raised to the hard one before the caches are
+    // sized from it (stagefs_prefetch::fds).
+    let nofile = stagefs_prefetch::fds::raise_limit();
+    tracing::info!(nofile, "descriptor limit");
     let mut ready = args.ready_fd.map(|fd| {
         // SAFETY: the parent passed us this descriptor, open and ours alone.
         unsafe { fs::File::from_raw_fd(fd) }

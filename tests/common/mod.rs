@@ -56,6 +56,8 @@ pub struct Mount {
     args: Vec<String>,
     pub mounted: bool,
     pub runas: Option<u32>,
+    /// A command the daemon is started under (`prlimit --nofile=...`), if any.
+    prefix: Vec<String>,
 }
 
 impl Mount {
@@ -64,6 +66,11 @@ impl Mount {
     }
 
     pub fn with_cache(base: &Path, src: &Path, cache: &Path, args: &[&str]) -> Mount {
+        Mount::under(base, src, cache, args, &[])
+    }
+
+    /// A mount whose daemon is started under the command `prefix` (for example `prlimit`).
+    pub fn under(base: &Path, src: &Path, cache: &Path, args: &[&str], prefix: &[&str]) -> Mount {
         let mnt = base.join("mnt");
         let cache = cache.to_path_buf();
         fs::create_dir_all(&mnt).unwrap();
@@ -74,6 +81,7 @@ impl Mount {
             args: args.iter().map(|s| s.to_string()).collect(),
             mounted: false,
             runas: None,
+            prefix: prefix.iter().map(|s| s.to_string()).collect(),
         };
         m.mount();
         m
@@ -97,8 +105,15 @@ impl Mount {
 
     pub fn mount(&mut self) {
         let bin = self.bin();
-        let out = self
-            .command(&bin)
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => self.command(&bin),
+        };
+        let out = cmd
             .arg("mount")
             .arg(&self.src)
             .arg(&self.mnt)

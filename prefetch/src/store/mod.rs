@@ -33,7 +33,6 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
-use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -66,9 +65,6 @@ pub use scratch::verify_block;
 use scratch::{aligned, punch_hole, DirectRead, SegState};
 pub use trust::{OnTrust, TrustEvent, Trusted};
 
-/// Own data files kept open (and as many direct-read descriptors of them): enough for the
-/// large files being read and staged at once, far below the descriptor limit.
-pub const OPEN_DATA_FILES: usize = 256;
 /// The cache format's directory inside the cache directory (cache log, segments, files,
 /// snapshot); caches of other formats beside it are removed at open.
 pub const FORMAT_DIR: &str = "v2";
@@ -167,7 +163,8 @@ impl CacheStore {
                 }
             }
         }
-        let cap = NonZeroUsize::new(OPEN_DATA_FILES).unwrap_or(NonZeroUsize::MIN);
+        // Sized by the descriptor limit (crate::fds).
+        let cap = crate::fds::share(crate::fds::DATA_FILES);
         let dev = rustix::fs::fstat(filedir.fd()).map_or(0, |st| st.st_dev);
         let (file, len) = open_log(&dir).map_err(io_err)?;
         let store = CacheStore {
