@@ -4,10 +4,11 @@
 //! (128 KiB round trips and copies through the daemon).
 //!
 //! **When.** Only where kernel passthrough would be allowed (the passthrough rule): a regular
-//! file larger than [`SMALL_FILE`] (small files are packed in segments: no file to hand out),
-//! wholly cached in a data file of its own, bound to the snapshot's version of the file (an
-//! entry is only ever served for the path and version it was stored for) and verified against
-//! its checksums in this mount. Never under `--revalidate` (each read re-checks the source, so
+//! file larger than [`SMALL_FILE`] (a small file's reader opens its copy itself, through the
+//! direct table: [`crate::direct_table`]), wholly cached in a data file of its own, bound to
+//! the snapshot's version of the file (an entry is only ever served for the path and version
+//! it was stored for) and trusted: verified against its checksums, written whole by this
+//! mount, or recorded as verified by an earlier one with the same inode and change time. Never under `--revalidate` (each read re-checks the source, so
 //! the mount must see them), never for views, symlinks or control files. Anything else is a
 //! [`Refusal`] and the client reads through the mount. A copy is verified as soon as it is
 //! complete in this mount. After a remount, an open of a copy not verified yet verifies it
@@ -43,7 +44,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use stagefs_prefetch::locks::lock;
-use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::SMALL_FILE;
 use stagefs_prefetch::{EntryId, FileKind};
 pub use stagefs_protocol::{Granted, Refusal, MAX_PINS, MAX_PINS_PER_CONNECTION};
 use tracing::{debug, info, warn};

@@ -33,7 +33,7 @@ use lru::LruCache;
 use stagefs_prefetch::locks;
 use stagefs_prefetch::locks::lock;
 use stagefs_prefetch::readahead::ReadAhead;
-use stagefs_prefetch::staging::SMALL_FILE;
+use stagefs_prefetch::SMALL_FILE;
 use stagefs_prefetch::{
     block_count, CacheStore, EntryId, Fetcher, FileKind, KeyKind, Loaded, Priority, Stats, Version,
     Want, BLOCK_SIZE,

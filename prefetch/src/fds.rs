@@ -27,7 +27,7 @@ pub const FULL: usize = SOURCE_FILES + SOURCE_DIRS + 2 * DATA_FILES;
 /// Smallest size of each cache, whatever the limit.
 const AT_LEAST: usize = 4;
 /// Highest soft limit the daemon asks for: enough for any cache here many times over.
-const RAISE_TO: u64 = 1 << 20;
+pub const RAISE_TO: u64 = 1 << 20;
 
 /// The size a cache whose full size is `full` gets under a soft limit of `soft` descriptors.
 pub fn share_of(full: usize, soft: u64) -> NonZeroUsize {

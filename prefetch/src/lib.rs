@@ -36,6 +36,11 @@ pub use store::{CacheStore, Loaded, LoadedEntry, StoreConfig};
 /// size of common parallel filesystems, and is small enough to keep the in-flight budget fine.
 pub const BLOCK_SIZE: u64 = 1 << 20;
 
+/// Files up to this size are *small*: staged in the first pass, cached and evicted whole, and
+/// handed to direct readers through the mount's direct table rather than as pinned descriptors.
+/// Here, not in `staging`, so the store (which evicts them whole) does not import the stager.
+pub const SMALL_FILE: u64 = 4 * BLOCK_SIZE;
+
 /// Number of blocks in a file of `size` bytes.
 pub fn block_count(size: u64) -> u64 {
     size.div_ceil(BLOCK_SIZE)

@@ -16,10 +16,8 @@ use std::time::Duration;
 use tracing::info;
 
 use crate::fetch::{Fetcher, Priority, Want};
-use crate::BLOCK_SIZE;
+use crate::SMALL_FILE;
 
-/// Files up to this size are staged in the first pass (and packed in segments in the cache).
-pub const SMALL_FILE: u64 = 4 * BLOCK_SIZE;
 /// Staging blocks queued at once: four per default worker, so the pool never runs dry between
 /// two feeds while the queue stays small.
 pub const FEED_DEPTH: usize = 128;
@@ -77,6 +75,7 @@ pub fn spawn<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BLOCK_SIZE;
 
     #[test]
     fn small_files_first_in_directory_order() {

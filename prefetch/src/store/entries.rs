@@ -27,8 +27,8 @@ use super::{CacheStore, Inner};
 pub const MAX_SLOT_BYTES: u64 = u32::MAX as u64;
 
 /// Copies of at most this many bytes are evicted whole (`Entry::whole`): the staging
-/// threshold for small files (4 MiB, [`crate::staging::SMALL_FILE`]).
-pub const WHOLE_BYTES: u64 = crate::staging::SMALL_FILE;
+/// threshold for small files (4 MiB, [`crate::SMALL_FILE`]).
+pub const WHOLE_BYTES: u64 = crate::SMALL_FILE;
 
 /// Blocks of an entry.
 pub(super) enum Slots {
