@@ -327,14 +327,11 @@ pub fn encode_direct_open(path: &str, out: &mut [u8; MAX_OPEN_LINE]) -> Result<u
     Ok(n)
 }
 
-/// Writes the `direct_close` line for grant `pin` into `out` without allocating; its length.
-pub fn encode_direct_close(pin: u64, out: &mut [u8; 64]) -> usize {
-    let head = b"{\"op\":\"direct_close\",\"pin\":";
-    out[..head.len()].copy_from_slice(head);
-    let mut n = head.len();
+/// Writes `v` in decimal at the start of `out` without allocating (a signal handler's or a
+/// vfork child's path may run it); the digits' length. `out` holds at least 20 bytes.
+pub fn write_decimal(out: &mut [u8], mut v: u64) -> usize {
     let mut digits = [0u8; 20];
     let mut k = 0;
-    let mut v = pin;
     loop {
         digits[k] = b'0' + (v % 10) as u8;
         k += 1;
@@ -343,10 +340,18 @@ pub fn encode_direct_close(pin: u64, out: &mut [u8; 64]) -> usize {
             break;
         }
     }
-    for d in digits[..k].iter().rev() {
-        out[n] = *d;
-        n += 1;
+    for (o, d) in out.iter_mut().zip(digits[..k].iter().rev()) {
+        *o = *d;
     }
+    k
+}
+
+/// Writes the `direct_close` line for grant `pin` into `out` without allocating; its length.
+pub fn encode_direct_close(pin: u64, out: &mut [u8; 64]) -> usize {
+    let head = b"{\"op\":\"direct_close\",\"pin\":";
+    out[..head.len()].copy_from_slice(head);
+    let mut n = head.len();
+    n += write_decimal(&mut out[n..], pin);
     out[n..n + 2].copy_from_slice(b"}\n");
     n + 2
 }
@@ -595,20 +600,7 @@ pub fn connect(socket: &Path) -> io::Result<UnixStream> {
     let mut n = head.len();
     buf[..n].copy_from_slice(head);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&d);
-    let mut digits = [0u8; 10];
-    let (mut k, mut v) = (0, fd.unsigned_abs());
-    loop {
-        digits[k] = b'0' + (v % 10) as u8;
-        k += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for dgt in digits[..k].iter().rev() {
-        buf[n] = *dgt;
-        n += 1;
-    }
+    n += write_decimal(&mut buf[n..], u64::from(fd.unsigned_abs()));
     let name = name.as_encoded_bytes();
     if n + 1 + name.len() > MAX_ADDR {
         return Err(io::ErrorKind::InvalidInput.into());

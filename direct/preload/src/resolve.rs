@@ -115,20 +115,8 @@ pub fn absolute(dirfd: c_int, path: &[u8]) -> Option<Abs> {
 }
 
 /// Writes `v` in decimal (and a NUL after it) into `out`; the digits' length.
-pub fn write_decimal(out: &mut [u8], mut v: u64) -> usize {
-    let mut digits = [0u8; 20];
-    let mut k = 0;
-    loop {
-        digits[k] = b'0' + (v % 10) as u8;
-        k += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for (i, d) in digits[..k].iter().rev().enumerate() {
-        out[i] = *d;
-    }
+pub fn write_decimal(out: &mut [u8], v: u64) -> usize {
+    let k = stagefs_protocol::write_decimal(out, v);
     out[k] = 0;
     k
 }
