@@ -41,15 +41,7 @@ if [[ -n $NVME_MBS ]]; then
   ram_scratch "$U" "$SCRATCH/ramfs" $((FILES * MB * 5 / 2 + 512))
   throttle "$U" stagefs-heldout "$NVME_MBS"
 fi
-chown "$uid:$uid" "$U" && chmod 700 "$U"
-# The script asks for a drop before each epoch by creating $U/drop.
-dropper "$U/drop" & dpid=$!
-finish() {
-  kill $dpid 2>/dev/null
-  fusermount3 -uz "$U/mnt" 2>/dev/null || true
-  if [[ -n $NVME_MBS ]]; then umount -l "$U" "$SCRATCH/ramfs" 2>/dev/null || true; fi
-}
-trap finish EXIT
+own_scratch "$U" "$uid"
 echo "stagefs: $STAGEFS; data: $FILES x $MB MB; user: $BENCH_USER; scratch: $U ($(df --output=source "$U" | tail -1)${NVME_MBS:+, throttled to $NVME_MBS MB/s}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
   # A mount left by an interrupted run would make the rm below fail on a read-only tree.

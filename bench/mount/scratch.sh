@@ -52,3 +52,20 @@ throttle() {
   echo "$dev $(($3 * 1000000))" >"$CG/blkio.throttle.write_bps_device"
   echo "scratch $1 on $(findmnt -n -o SOURCE --target "$1") ($dev): reads and writes held to $3 MB/s"
 }
+
+# own_scratch U UID: hands U to the benchmark user (0700), starts the dropper on U/drop (the
+# epoch scripts ask for a drop before each epoch by creating it) and, on exit, stops it,
+# clears a mount left at U/mnt and unmounts the RAM scratch of NVME_MBS runs.
+own_scratch() {
+  local u=$1 uid=$2
+  chown "$uid:$uid" "$u" && chmod 700 "$u"
+  dropper "$u/drop" &
+  OWN_SCRATCH_DROPPER=$!
+  OWN_SCRATCH=$u
+  trap own_scratch_finish EXIT
+}
+own_scratch_finish() {
+  kill "$OWN_SCRATCH_DROPPER" 2>/dev/null
+  fusermount3 -uz "$OWN_SCRATCH/mnt" 2>/dev/null || true
+  if [[ -n ${NVME_MBS:-} ]]; then umount -l "$OWN_SCRATCH" "$SCRATCH/ramfs" 2>/dev/null || true; fi
+}

@@ -87,14 +87,7 @@ if [[ -n $NVME_MBS ]]; then
   ram_scratch "$U" "$SCRATCH/ramfs" $((src_mb * 5 / 2 + 1024))
   throttle "$U" stagefs-small "$NVME_MBS"
 fi
-chown "$uid:$uid" "$U" && chmod 700 "$U"
-dropper "$U/drop" & dpid=$!
-finish() {
-  kill $dpid 2>/dev/null
-  fusermount3 -uz "$U/mnt" 2>/dev/null || true
-  if [[ -n $NVME_MBS ]]; then umount -l "$U" "$SCRATCH/ramfs" 2>/dev/null || true; fi
-}
-trap finish EXIT
+own_scratch "$U" "$uid"
 echo "stagefs: $STAGEFS ($(cd "$REPO" && git describe --always --dirty)); files: $FILES small, $WALK_FILES to list; user: $BENCH_USER; scratch: $U ($(df --output=source "$U" | tail -1)${NVME_MBS:+, throttled to $NVME_MBS MB/s}); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 run_job() { # MODE DATA EPOCHS: one `stagefs run` of small_epochs.py over a mount of SRC/DATA
   # (the dataset alone, as a user mounts it: staging of the other datasets would run in the
